@@ -1,0 +1,55 @@
+"""Developer sessions. Run from the bootstrapped environment: ``.venv/bin/nox -s tests``.
+
+The default sessions reuse the environment that ``scripts/bootstrap`` made (``python=False``),
+so a fresh machine installs dependencies once. ``swebench_compat`` builds its own virtualenvs,
+one per swebench major version, because the point is to test against each.
+"""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests"]
+nox.options.reuse_existing_virtualenvs = True
+
+SRC = ["trio_swe", "tests", "bench", "noxfile.py"]
+
+
+@nox.session(python=False)
+def tests(session: nox.Session) -> None:
+    """The default test run (the README's test command)."""
+    args = session.posargs or ["-q", "-n", "2", "--maxfail=20"]
+    session.run("python", "-m", "pytest", *args)
+
+
+@nox.session(python=False)
+def lint(session: nox.Session) -> None:
+    """ruff: lint and format check."""
+    session.run("ruff", "check", *SRC)
+    session.run("ruff", "format", "--check", *SRC)
+
+
+@nox.session(python=False)
+def typecheck(session: nox.Session) -> None:
+    """mypy, strict on the package."""
+    session.run("mypy")
+
+
+@nox.session(python=False)
+def bench(session: nox.Session) -> None:
+    """All benchmarks; each prints ratios against a baseline measured in the same run."""
+    session.run("python", "-m", "bench", *session.posargs)
+
+
+@nox.session(python=False)
+def demo(session: nox.Session) -> None:
+    """The bundled demo, end to end on the local backend."""
+    session.run("trio-swe", "demo", *session.posargs)
+
+
+@nox.session(venv_backend="uv")
+@nox.parametrize("swebench", ["4.1.0", "5.0.2"])
+def swebench_compat(session: nox.Session, swebench: str) -> None:
+    """The swebench grading path against each supported swebench release."""
+    session.install("-e", ".[test]", f"swebench=={swebench}", "pytest-xdist")
+    session.run("python", "-m", "pytest", "-q", "tests/grading", "-m", "swebench", *session.posargs)

@@ -1,0 +1,37 @@
+"""trio_swe: coding-agent episodes for RL on software-engineering tasks, on trio.
+
+The public surface is re-exported here; everything else is private (modules starting with ``_``)
+or lives in a documented subpackage (``trio_swe.grading``, ``trio_swe.testing``, ``trio_swe.aio``).
+"""
+
+from ._errors import (
+    BackendUnavailableError,
+    ConfigError,
+    DetachedCommandLostError,
+    InvalidArgumentError,
+    SandboxBootError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxNotRunningError,
+    SandboxUnreachableError,
+    TrioSweError,
+)
+
+# --- sandbox (issue 2) ---
+from .sandbox import (
+    EXIT_TIME_BUDGET_EXCEEDED,
+    Backend,
+    ExecResult,
+    Sandbox,
+    SandboxSpec,
+    open_sandbox,
+)
+
+# --- sandbox/local (issue 2) ---
+# --- sandbox/detached (issue 2) ---
+# --- trajectory (issue 3) ---
+# --- grading (issue 4) ---
+# --- e2b (issue 5) ---
+# --- episode / rollout (issue 6) ---
+
+__version__ = "0.1.0"

@@ -1,0 +1,102 @@
+"""The contracts every backend implements: :class:`Sandbox` and :class:`Backend`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol, runtime_checkable
+
+import trio
+
+from ._types import ExecResult, SandboxSpec
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    """One running sandbox. Obtain it from :func:`trio_swe.open_sandbox`.
+
+    Short commands go through :meth:`exec`; anything that may outlive an RPC stream (agent runs,
+    test suites, installs) goes through :func:`trio_swe.exec_and_wait`, which is built on ``exec``
+    and the file calls alone, so it works on every backend.
+    """
+
+    @property
+    def id(self) -> str:
+        """The backend's identifier of this sandbox."""
+        ...
+
+    @property
+    def workdir(self) -> str:
+        """Absolute path of the repository inside the sandbox."""
+        ...
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        """The nursery owned by ``open_sandbox``; background tasks of this sandbox run here."""
+        ...
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = 60.0,
+        idempotent: bool = False,
+    ) -> ExecResult:
+        """Run a short shell command and wait for it.
+
+        Args:
+            cmd: a shell command, run with ``/bin/sh -c``.
+            user: the user to run as (default root).
+            env: extra environment variables.
+            cwd: working directory (default: the sandbox's workdir).
+            timeout: seconds before the command is killed and ``exit_code=-1``,
+                ``reason="timeout"`` is returned. ``None`` waits forever.
+            idempotent: the command may safely run twice, so a transport failure after the
+                request was sent may be retried. Backends without retries ignore it.
+
+        Raises:
+            SandboxError: an infrastructure failure; never for a non-zero exit.
+        """
+        ...
+
+    async def write_file(
+        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+    ) -> None:
+        """Create or replace the file at ``path`` (parents are created)."""
+        ...
+
+    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
+        """Return the file's bytes.
+
+        Raises:
+            SandboxFileNotFoundError: the file does not exist.
+            SandboxError: any other failure. Never returns ``b""`` for a failure.
+        """
+        ...
+
+    async def kill(self) -> None:
+        """Destroy the sandbox and every process in it. Idempotent; killing a gone sandbox is fine."""
+        ...
+
+    def statistics(self) -> Mapping[str, Any]:
+        """Counters of this sandbox (RPCs, retries, workspace mode...)."""
+        ...
+
+
+class Backend(Protocol):
+    """A place where sandboxes come from (local bubblewrap, E2B, ...)."""
+
+    name: str
+
+    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
+        """Boot one sandbox whose background tasks run in ``nursery``.
+
+        If cancelled or failing midway, the backend must release whatever it already created.
+        """
+        ...
+
+    def statistics(self) -> Mapping[str, Any]:
+        """Counters of the backend as a whole (sandboxes created/killed, retries...)."""
+        ...

@@ -1,0 +1,66 @@
+"""Plain data shared by every backend: results, specs, reasons."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final, Literal
+
+import msgspec
+
+#: Exit code reported when a command outlived its time budget (slime's convention).
+EXIT_TIME_BUDGET_EXCEEDED: Final = -1
+
+#: Why an :class:`ExecResult` ended the way it did.
+#:
+#: * ``"exit"``: the command exited by itself; ``exit_code`` is its status. A command killed by a
+#:   signal reports ``128 + signum`` (the shell's convention) with this reason too, because a shell
+#:   cannot tell the two apart.
+#: * ``"signal"``: the process was killed by a signal and the backend saw it directly.
+#: * ``"time_budget"``: ``exec_and_wait`` overran its budget; ``exit_code == -1``.
+#: * ``"timeout"``: a short ``exec`` overran its ``timeout``; ``exit_code == -1``.
+ExecReason = Literal["exit", "signal", "time_budget", "timeout"]
+
+
+class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a command run in a sandbox produced.
+
+    Attributes:
+        exit_code: the command's exit status, or ``-1`` when a budget or timeout ended it.
+        output: stdout and stderr merged in arrival order, decoded as UTF-8 with replacement.
+        reason: why it ended, see :data:`ExecReason`.
+        duration_sec: wall time from start to the moment the caller learnt the result.
+        output_truncated: ``output`` is a tail of a longer output.
+        tag: the detached-execution tag, when the command ran through ``exec_and_wait``.
+    """
+
+    exit_code: int
+    output: str = ""
+    reason: ExecReason = "exit"
+    duration_sec: float = 0.0
+    output_truncated: bool = False
+    tag: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited with status 0."""
+        return self.exit_code == 0 and self.reason == "exit"
+
+
+class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """What to boot. Backends interpret ``image`` in their own way.
+
+    Attributes:
+        image: local backend: a directory or ``path@commit`` of a git repository; e2b: a template.
+        workdir: where the repository lives inside the sandbox.
+        env: environment variables of every command in the sandbox.
+        network: False cuts the sandbox off the network (where the backend can).
+        ttl_sec: how long the provider may keep an abandoned sandbox alive (e2b's timeout).
+        metadata: free-form labels (instance id, episode id) for the provider's bookkeeping.
+    """
+
+    image: str
+    workdir: str = "/testbed"
+    env: Mapping[str, str] = msgspec.field(default_factory=dict)
+    network: bool = True
+    ttl_sec: float = 3600.0
+    metadata: Mapping[str, str] = msgspec.field(default_factory=dict)

@@ -1,0 +1,55 @@
+"""Checks for caller strings that end up in a sandbox (tags, paths, users, env names).
+
+The rule: a value is either used literally (and ``shlex.quote``d wherever it meets a shell) or
+refused here with an :class:`InvalidArgumentError` naming what is wrong, before anything runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+
+from .._errors import InvalidArgumentError
+
+_TAG = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_tag(tag: str) -> str:
+    """A tag names files in the sandbox: 1-64 of ``[A-Za-z0-9_.-]``, not starting with a dot."""
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise InvalidArgumentError(
+            f"invalid tag {tag!r}: use 1-64 characters of [A-Za-z0-9_.-], starting with a letter or digit"
+        )
+    return tag
+
+
+def check_user(user: str) -> str:
+    """A POSIX user name."""
+    if not isinstance(user, str) or not _USER.fullmatch(user):
+        raise InvalidArgumentError(f"invalid user name {user!r}: expected [a-z_][a-z0-9_-]{{0,31}}")
+    return user
+
+
+def check_abs_path(path: str, *, what: str = "path") -> str:
+    """An absolute path without NUL or newline characters (both break shells and /proc parsing)."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise InvalidArgumentError(f"{what} must be an absolute path, got {path!r}")
+    if "\x00" in path or "\n" in path or "\r" in path:
+        raise InvalidArgumentError(f"{what} must not contain NUL or newline characters: {path!r}")
+    return path
+
+
+def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
+    """Environment names must be identifiers; values may be anything but NUL."""
+    out: dict[str, str] = {}
+    for name, value in (env or {}).items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise InvalidArgumentError(f"invalid environment variable name {name!r}")
+        if not isinstance(value, str):
+            raise InvalidArgumentError(f"environment variable {name} must be a str, got {type(value).__name__}")
+        if "\x00" in value:
+            raise InvalidArgumentError(f"environment variable {name} contains a NUL character")
+        out[name] = value
+    return out
