@@ -47,3 +47,16 @@ class DetachedCommandLostError(SandboxError):
 
 class SandboxFileNotFoundError(TrioSweError, FileNotFoundError):
     """``read_file`` of a path that does not exist in the sandbox."""
+
+
+class MetadataError(TrioSweError, ValueError):
+    """A dataset row cannot be graded: a field is missing or malformed.
+
+    Attributes:
+        field: the dotted name of the offending field (e.g. ``"metadata.remote_env_info.repo"``).
+    """
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem

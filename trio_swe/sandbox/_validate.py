@@ -48,7 +48,9 @@ def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
             raise InvalidArgumentError(f"invalid environment variable name {name!r}")
         if not isinstance(value, str):
-            raise InvalidArgumentError(f"environment variable {name} must be a str, got {type(value).__name__}")
+            raise InvalidArgumentError(
+                f"environment variable {name} must be a str, got {type(value).__name__}"
+            )
         if "\x00" in value:
             raise InvalidArgumentError(f"environment variable {name} contains a NUL character")
         out[name] = value

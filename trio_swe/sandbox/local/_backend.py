@@ -1,0 +1,336 @@
+"""``LocalBackend``: sandboxes on this machine, isolated with bubblewrap, copy-on-write."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import trio
+
+from ..._errors import BackendUnavailableError, SandboxBootError
+from .._types import SandboxSpec
+from .._validate import check_abs_path
+from ._image import ImageCache
+from ._rootfs import plan_root_args
+from ._sandbox import LocalSandbox
+from ._users import ROOT, group_with, passwd_with, pick_agent_user
+
+WorkspaceMode = Literal["auto", "overlay", "copy"]
+
+_REQUIRED_TOOLS = {
+    "bwrap": "bubblewrap",
+    "nsenter": "util-linux",
+    "unshare": "util-linux",
+    "setpriv": "util-linux",
+}
+
+# Mounts the overlay in the private mount namespace made by `unshare`, then becomes bwrap.
+# Paths arrive as positional arguments, never spliced into the script.
+_OVERLAY_THEN_EXEC = (
+    'mount -t overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" overlay "$4" && shift 4 && exec "$@"'
+)
+
+
+def _default_state_root() -> Path:
+    return Path(tempfile.gettempdir()) / f"trio_swe-{os.getuid()}"
+
+
+class LocalBackend:
+    """Sandboxes on this machine: bubblewrap, own PID/mount/IPC/UTS namespaces.
+
+    Args:
+        state_dir: where per-sandbox state and cached git checkouts live (default
+            ``$TMPDIR/trio_swe-<uid>``).
+        workspace: ``"overlay"`` (kernel overlayfs in a private mount namespace; boot does not
+            copy the tree), ``"copy"`` (a full copy per sandbox), or ``"auto"`` (overlay where the
+            kernel allows it, else copy; ``statistics()["workspace_mode"]`` says which).
+        ro_binds: extra read-only mounts, sandbox path -> host path (e.g. shims at
+            ``/opt/miniconda3/bin/activate``).
+        extra_path: host directories put first on every command's ``PATH`` (e.g. a venv's bin).
+        env: environment of every command in every sandbox of this backend.
+
+    Raises:
+        BackendUnavailableError: on first use, if bubblewrap or util-linux is missing.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        *,
+        state_dir: str | os.PathLike[str] | None = None,
+        workspace: WorkspaceMode = "auto",
+        ro_binds: Mapping[str, str] | None = None,
+        extra_path: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._root = Path(state_dir) if state_dir is not None else _default_state_root()
+        self._workspace: WorkspaceMode = workspace
+        self._ro_binds = {
+            check_abs_path(k, what="ro_binds target"): str(v) for k, v in (ro_binds or {}).items()
+        }
+        self._extra_path = list(extra_path)
+        self._env = dict(env or {})
+        self._images = ImageCache(self._root / "images")
+        self._overlay_ok: bool | None = None
+        self._counter = itertools.count()
+        self._live: set[LocalSandbox] = set()
+        self._stats: dict[str, Any] = {"created": 0, "killed": 0, "boot_failures": 0}
+        self._checked = False
+
+    def statistics(self) -> Mapping[str, Any]:
+        mode = {True: "overlay", False: "copy", None: "unknown"}[self._overlay_ok]
+        if self._workspace == "copy":
+            mode = "copy"
+        return {**self._stats, "live": len(self._live), "workspace_mode": mode}
+
+    # -- checks -------------------------------------------------------------------------------
+    def _check_tools(self) -> None:
+        if self._checked:
+            return
+        for tool, package in _REQUIRED_TOOLS.items():
+            if shutil.which(tool) is None:
+                raise BackendUnavailableError(
+                    f"the local backend needs `{tool}`; install the Debian/Ubuntu package "
+                    f"'{package}' (apt-get install {package})"
+                )
+        self._checked = True
+
+    async def _probe_overlay(self) -> bool:
+        """Can this process mount overlayfs in a private mount namespace? Asked once."""
+        if self._overlay_ok is not None:
+            return self._overlay_ok
+        probe = Path(tempfile.mkdtemp(prefix="probe-", dir=self._root))
+        try:
+            for sub in ("lower", "upper", "work", "merged"):
+                (probe / sub).mkdir()
+            result = await trio.run_process(
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "--",
+                    "sh",
+                    "-c",
+                    _OVERLAY_THEN_EXEC,
+                    "probe",
+                    *(str(probe / s) for s in ("lower", "upper", "work", "merged")),
+                    "true",
+                ],
+                capture_stdout=True,
+                capture_stderr=True,
+                check=False,
+            )
+            self._overlay_ok = result.returncode == 0
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, probe, True)
+        return self._overlay_ok
+
+    def _sweep_stale(self) -> None:
+        """Remove state left by processes that died without cleaning up (e.g. SIGKILLed)."""
+        for entry in self._root.glob("sb-*"):
+            try:
+                pid = int(entry.name.split("-")[1])
+            except (IndexError, ValueError):
+                continue
+            if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+                shutil.rmtree(entry, ignore_errors=True)
+
+    # -- boot -------------------------------------------------------------------------------
+    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> LocalSandbox:
+        """Boot a sandbox; see :func:`trio_swe.open_sandbox`."""
+        self._check_tools()
+        workdir = check_abs_path(spec.workdir, what="workdir")
+        if workdir == "/":
+            raise SandboxBootError("workdir must not be /")
+        t0 = time.monotonic()
+        self._root.mkdir(parents=True, exist_ok=True)
+        if self._stats["created"] == 0 and self._stats["boot_failures"] == 0:
+            await trio.to_thread.run_sync(self._sweep_stale)
+        lower = await self._images.resolve(spec.image)
+        if not lower.is_dir():
+            raise SandboxBootError(f"local image {spec.image!r}: {lower} is not a directory")
+        use_overlay = self._workspace != "copy" and await self._probe_overlay()
+        if self._workspace == "overlay" and not use_overlay:
+            raise SandboxBootError("workspace='overlay' but overlayfs cannot be mounted here")
+
+        sid = f"sb-{os.getpid()}-{next(self._counter)}-{os.urandom(3).hex()}"
+        state = self._root / sid
+        bwrap: trio.Process | None = None
+        try:
+            state.mkdir()
+            argv, users, base_env = await trio.to_thread.run_sync(
+                self._prepare, state, lower, workdir, spec, use_overlay
+            )
+            info_r, info_w = os.pipe()
+            argv = [str(info_w) if a == "{INFO_FD}" else a for a in argv]
+            try:
+                bwrap = await trio.lowlevel.open_process(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(info_w,),
+                    env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                )
+            finally:
+                os.close(info_w)
+            init_pid = await _read_child_pid(info_r, bwrap)
+            sandbox = LocalSandbox(
+                sandbox_id=sid,
+                workdir=workdir,
+                nursery=nursery,
+                bwrap=bwrap,
+                init_pid=init_pid,
+                state_dir=state,
+                users=users,
+                base_env=base_env,
+                network=spec.network,
+                workspace_mode="overlay" if use_overlay else "copy",
+                boot_sec=time.monotonic() - t0,
+                on_close=self._closed,
+            )
+        except BaseException:
+            self._stats["boot_failures"] += 1
+            with trio.CancelScope(shield=True):
+                if bwrap is not None:
+                    if bwrap.returncode is None:
+                        bwrap.kill()
+                    await bwrap.wait()
+                await trio.to_thread.run_sync(shutil.rmtree, state, True)
+            raise
+        self._stats["created"] += 1
+        self._live.add(sandbox)
+        return sandbox
+
+    def _closed(self, sandbox: LocalSandbox) -> None:
+        if sandbox in self._live:
+            self._live.discard(sandbox)
+            self._stats["killed"] += 1
+
+    def _prepare(
+        self, state: Path, lower: Path, workdir: str, spec: SandboxSpec, use_overlay: bool
+    ) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+        """Lay out the sandbox's state directory and build the host command that boots it."""
+        host_passwd = Path("/etc/passwd").read_text()
+        agent = pick_agent_user(host_passwd)
+        (state / "passwd").write_text(passwd_with(host_passwd, agent))
+        (state / "group").write_text(group_with(Path("/etc/group").read_text(), agent))
+        home = state / "home-agent"
+        home.mkdir()
+        os.chown(home, agent.uid, agent.gid)
+
+        if use_overlay:
+            for sub in ("upper", "work", "merged"):
+                (state / sub).mkdir()
+            # A symlink keeps odd characters of the image path (',', ':') out of mount options.
+            (state / "lower").symlink_to(lower)
+            workspace = state / "merged"
+        else:
+            workspace = state / "ws"
+            subprocess.run(
+                ["cp", "-a", "--reflink=auto", f"{lower}/.", str(workspace)],
+                check=True,
+                capture_output=True,
+            )
+
+        mounts: dict[str, tuple[str, str]] = {
+            "/etc/passwd": ("ro-bind", str(state / "passwd")),
+            "/etc/group": ("ro-bind", str(state / "group")),
+            agent.home: ("bind", str(home)),
+            workdir: ("bind", str(workspace)),
+        }
+        for target, host in self._ro_binds.items():
+            mounts[target] = ("ro-bind", host)
+        bwrap = ["bwrap", *plan_root_args(mounts)]
+        bwrap += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
+        if not spec.network:
+            bwrap.append("--unshare-net")
+        bwrap += ["--die-with-parent", "--info-fd", "{INFO_FD}", "--chdir", workdir]
+        # The init tells us when the namespaces are fully set up: bwrap's --info-fd is written
+        # before the mounts are, and entering the sandbox earlier would see a half-built root.
+        bwrap += ["/bin/sh", "-c", "echo ready && exec sleep infinity"]
+
+        path = ":".join([*self._extra_path, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
+        base_env = {
+            "PATH": path,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            # The image is owned by the host's root; let `agent` run git in it anyway.
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **self._env,
+            **dict(spec.env),
+        }
+        if use_overlay:
+            argv = [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "sh",
+                "-c",
+                _OVERLAY_THEN_EXEC,
+                "boot",
+                str(state / "lower"),
+                str(state / "upper"),
+                str(state / "work"),
+                str(state / "merged"),
+                *bwrap,
+            ]
+        else:
+            argv = bwrap
+        return argv, {"root": ROOT, agent.name: agent}, base_env
+
+
+async def _read_child_pid(fd: int, bwrap: trio.Process) -> int:
+    """Read bwrap's ``--info-fd`` JSON ({"child-pid": N}); fail with its stderr if it died."""
+    stream = trio.lowlevel.FdStream(fd)
+    data = b""
+    try:
+        with trio.move_on_after(30):
+            while b"}" not in data:
+                chunk = await stream.receive_some(4096)
+                if not chunk:
+                    break
+                data += bytes(chunk)
+    finally:
+        await stream.aclose()
+    ready = b""
+    if data and bwrap.stdout is not None:
+        with trio.move_on_after(30):
+            while b"\n" not in ready:
+                chunk = await bwrap.stdout.receive_some(64)
+                if not chunk:
+                    break
+                ready += bytes(chunk)
+        await bwrap.stdout.aclose()
+    try:
+        if ready != b"ready\n":
+            raise ValueError("sandbox init did not report ready")
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        err = b""
+        if bwrap.stderr is not None:
+            with trio.move_on_after(2):
+                if bwrap.returncode is None:
+                    bwrap.kill()
+                while chunk := await bwrap.stderr.receive_some(65536):
+                    err += bytes(chunk)
+        raise SandboxBootError(
+            f"bubblewrap failed to start the sandbox: {err.decode(errors='replace').strip() or 'no output'}"
+        ) from None

@@ -1,0 +1,81 @@
+"""Local images: a directory, or ``path@commit`` of a git repository checked out once and cached."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import trio
+
+from ..._errors import SandboxBootError
+
+
+def split_image(image: str) -> tuple[Path, str | None]:
+    """``"/repo@abc123"`` -> (``/repo``, ``"abc123"``); a plain directory -> (dir, None).
+
+    A directory whose own name contains ``@`` is taken as a directory, not as ``path@commit``.
+    """
+    if os.path.isdir(image):
+        return Path(image), None
+    path, sep, commit = image.rpartition("@")
+    if not sep or not path or not commit:
+        raise SandboxBootError(f"local image {image!r}: not a directory, and not 'path@commit'")
+    return Path(path), commit
+
+
+async def _git(*args: str) -> str:
+    result = await trio.run_process(
+        ["git", *args], capture_stdout=True, capture_stderr=True, check=False
+    )
+    if result.returncode != 0:
+        err = result.stderr.decode(errors="replace").strip()
+        raise SandboxBootError(f"git {' '.join(args)} failed: {err}")
+    return result.stdout.decode().strip()
+
+
+class ImageCache:
+    """Checkouts of ``path@commit`` images under ``root``, built once, shared read-only.
+
+    A checkout is built in a temporary directory and renamed into place, so a crash mid-build
+    never leaves a half-made image that a later boot would use.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._root = root
+        self._locks: dict[str, trio.Lock] = {}
+
+    async def resolve(self, image: str) -> Path:
+        """The host directory to mount for ``image``."""
+        path, commit = split_image(image)
+        if commit is None:
+            return path.resolve()
+        if not (path / ".git").exists() and not (path / "HEAD").exists():
+            raise SandboxBootError(f"local image {image!r}: {path} is not a git repository")
+        repo = path.resolve()
+        sha = await _git(
+            "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"
+        )
+        key = hashlib.sha256(f"{repo}\0{sha}".encode()).hexdigest()[:24]
+        final = self._root / key
+        lock = self._locks.setdefault(key, trio.Lock())
+        async with lock:
+            if final.is_dir():
+                return final
+            self._root.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=self._root))
+            try:
+                checkout = tmp / "tree"
+                await _git("clone", "--quiet", "--no-checkout", str(repo), str(checkout))
+                await _git("-C", str(checkout), "checkout", "--quiet", "--detach", sha)
+                try:
+                    checkout.rename(final)
+                except OSError:
+                    if not final.is_dir():  # lost a race to another process: theirs is as good
+                        raise
+            finally:
+                with trio.CancelScope(shield=True):
+                    await trio.to_thread.run_sync(shutil.rmtree, tmp, True)
+        return final

@@ -1,0 +1,97 @@
+"""Processes inside a local sandbox: ``nsenter`` into its namespaces, one process group each.
+
+Each command is started through ``nsenter`` in a new session on the host, so the whole tree it
+spawns (short of a deliberate ``setsid``) shares one process group that the host can signal,
+whatever pid namespace its members live in.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+
+import trio
+
+from ..._errors import SandboxError
+from ._users import SandboxUser
+
+
+def nsenter_argv(
+    init_pid: int, argv: Sequence[str], *, user: SandboxUser, cwd: str, network_ns: bool
+) -> list[str]:
+    """The host command that runs ``argv`` as ``user`` in ``cwd`` inside the sandbox."""
+    out = ["nsenter", "-t", str(init_pid), "-m", "-p", "-u", "-i"]
+    if network_ns:
+        out.append("-n")
+    out += ["-r", f"--wdns={cwd}", "--"]
+    if user.uid != 0:
+        out += ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups"]
+    return out + list(argv)
+
+
+class LocalProcess:
+    """A process running in a local sandbox, with streams (for servers such as envd's).
+
+    Attributes:
+        pid: the host pid of the ``nsenter`` leading the process group; unique on the host.
+        stdout, stderr: the process's output streams (``stderr`` is None when merged).
+        stdin: its input stream when requested, else None.
+    """
+
+    def __init__(self, process: trio.Process) -> None:
+        self._process = process
+        self.pid: int = process.pid
+        self.stdout: trio.abc.ReceiveStream | None = process.stdout
+        self.stderr: trio.abc.ReceiveStream | None = process.stderr
+        self.stdin: trio.abc.SendStream | None = process.stdin
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit status once finished (negative: killed by that signal), else None."""
+        return self._process.returncode
+
+    async def wait(self) -> int:
+        """Wait for the exit and return the status (negative: killed by that signal)."""
+        return await self._process.wait()
+
+    def send_signal(self, sig: int) -> None:
+        """Signal the whole process group; a finished process is not an error."""
+        if self._process.returncode is not None:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    async def aclose(self) -> None:
+        """Kill the process group (if still running), reap it, close the streams."""
+        with trio.CancelScope(shield=True):
+            self.send_signal(signal.SIGKILL)
+            await self._process.wait()
+            for stream in (self.stdin, self.stdout, self.stderr):
+                if stream is not None:
+                    await stream.aclose()
+
+
+async def start_local_process(
+    argv: list[str],
+    *,
+    env: Mapping[str, str],
+    stdin: bool,
+    merge_stderr: bool,
+) -> LocalProcess:
+    """Start ``argv`` (an nsenter command) in a session of its own, with pipes."""
+    try:
+        process = await trio.lowlevel.open_process(
+            argv,
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
+            env=dict(env),
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
+    return LocalProcess(process)

@@ -1,0 +1,69 @@
+"""Sans-IO planning of a sandbox's root file system as bubblewrap arguments.
+
+The sandbox sees the host's root read-only (so host tools such as git and python work inside),
+with private ``/tmp``, ``/dev`` and ``/proc``, and a few mounts of its own (the workdir, homes,
+passwd, caller binds). bubblewrap cannot create a mount point inside a read-only bind, so every
+host directory on the way to one of our mount points is *split*: recreated as a directory in
+bwrap's tmpfs root, with each of its host children bound one by one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import PurePosixPath
+
+# Host paths never exposed as they are: bwrap gives the sandbox its own.
+_PRIVATE_TOP = frozenset({"proc", "dev", "tmp"})
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = PurePosixPath(path).parts[1:]
+    return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def plan_root_args(
+    mounts: Mapping[str, tuple[str, str]],
+    *,
+    listdir: Callable[[str], Iterable[str]] = os.listdir,
+    is_symlink: Callable[[str], bool] = os.path.islink,
+    readlink: Callable[[str], str] = os.readlink,
+    is_dir: Callable[[str], bool] = os.path.isdir,
+) -> list[str]:
+    """bwrap arguments exposing the host root read-only plus ``mounts``.
+
+    Args:
+        mounts: sandbox path -> (kind, host path), kind one of ``"bind"`` (read-write),
+            ``"ro-bind"``. Later entries may live under earlier ones.
+        listdir, is_symlink, readlink, is_dir: file-system queries, injectable for tests.
+    """
+    # Every existing host directory that is a strict ancestor of a mount point must be split.
+    split: set[str] = set()
+    for target in mounts:
+        for anc in _ancestors(target):
+            if is_dir(anc) and not is_symlink(anc):
+                split.add(anc)
+    args: list[str] = []
+
+    def expose(directory: str) -> None:
+        for name in sorted(listdir(directory)):
+            host = os.path.join(directory, name)
+            if directory == "/" and name in _PRIVATE_TOP:
+                continue
+            if host in mounts:
+                continue  # replaced by the mount itself
+            if is_symlink(host):
+                args.extend(["--symlink", readlink(host), host])
+            elif host in split:
+                args.extend(["--dir", host])
+                expose(host)
+            else:
+                args.extend(["--ro-bind", host, host])
+
+    expose("/")
+    args.extend(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"])
+    # Shallow targets first, so a mount nested in another lands on top of it.
+    for target in sorted(mounts, key=lambda p: len(PurePosixPath(p).parts)):
+        kind, host = mounts[target]
+        args.extend([f"--{kind}", host, target])
+    return args

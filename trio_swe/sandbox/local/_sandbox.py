@@ -1,0 +1,329 @@
+"""``LocalSandbox``: one bubblewrap sandbox, entered with nsenter for every command."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from ..._errors import (
+    InvalidArgumentError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxNotRunningError,
+)
+from .._types import ExecResult
+from .._validate import check_abs_path, check_env, check_user
+from ._process import LocalProcess, nsenter_argv, start_local_process
+from ._users import ROOT, SandboxUser
+
+#: ``exec`` keeps at most this much output (the tail), so a runaway command cannot eat memory.
+MAX_EXEC_OUTPUT = 8 * 1024 * 1024
+_NOT_FOUND_STATUS = 44
+_DRAIN_AFTER_EXIT_SEC = 1.0
+_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+# Reads a file, telling "missing" apart from other failures by a reserved status.
+_READ_SCRIPT = 'if [ ! -e "$1" ]; then exit 44; fi; exec cat -- "$1"'
+_WRITE_SCRIPT = (
+    'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi'
+)
+
+
+class LocalSandbox:
+    """A running local sandbox. Create it with ``open_sandbox(LocalBackend(), image)``."""
+
+    def __init__(
+        self,
+        *,
+        sandbox_id: str,
+        workdir: str,
+        nursery: trio.Nursery,
+        bwrap: trio.Process,
+        init_pid: int,
+        state_dir: Path,
+        users: Mapping[str, SandboxUser],
+        base_env: Mapping[str, str],
+        network: bool,
+        workspace_mode: str,
+        boot_sec: float,
+        on_close: Any = None,
+    ) -> None:
+        self._id = sandbox_id
+        self._workdir = workdir
+        self._nursery = nursery
+        self._bwrap = bwrap
+        self._init_pid = init_pid
+        self._state_dir = state_dir
+        self._users = dict(users)
+        self._base_env = dict(base_env)
+        self._own_netns = not network
+        self._workspace_mode = workspace_mode
+        self._on_close = on_close
+        self._dead = trio.Event()
+        self._killed = False
+        self._processes: set[LocalProcess] = set()
+        self._stats: dict[str, Any] = {
+            "workspace_mode": workspace_mode,
+            "boot_sec": boot_sec,
+            "execs": 0,
+            "exec_timeouts": 0,
+            "files_written": 0,
+            "files_read": 0,
+            "processes_started": 0,
+        }
+        nursery.start_soon(self._watch_init)
+
+    # -- identity ---------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def workdir(self) -> str:
+        return self._workdir
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        return self._nursery
+
+    @property
+    def init_pid(self) -> int:
+        """Host pid of the sandbox's pid-namespace init; every process in it dies with it."""
+        return self._init_pid
+
+    @property
+    def alive(self) -> bool:
+        return not self._dead.is_set()
+
+    def statistics(self) -> Mapping[str, Any]:
+        return {**self._stats, "live_processes": len(self._processes), "alive": self.alive}
+
+    async def _watch_init(self) -> None:
+        try:
+            await self._bwrap.wait()
+        finally:
+            self._dead.set()
+
+    # -- processes --------------------------------------------------------------------------
+    def _user(self, user: str | None) -> SandboxUser:
+        if user is None:
+            return ROOT
+        check_user(user)
+        try:
+            return self._users[user]
+        except KeyError:
+            raise InvalidArgumentError(
+                f"unknown user {user!r} in local sandbox (known: {sorted(self._users)})"
+            ) from None
+
+    def _env(self, who: SandboxUser, env: Mapping[str, str] | None) -> dict[str, str]:
+        merged = {"HOME": who.home, "USER": who.name, "LOGNAME": who.name}
+        merged.update(self._base_env)
+        merged.update(check_env(env))
+        merged.setdefault("PATH", _DEFAULT_PATH)
+        return merged
+
+    def _require_alive(self) -> None:
+        if self._dead.is_set():
+            raise SandboxNotRunningError(f"local sandbox {self._id} is not running")
+
+    async def start_process(
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        stdin: bool = False,
+        merge_stderr: bool = False,
+    ) -> LocalProcess:
+        """Start ``argv`` in the sandbox and return it with its streams, without waiting.
+
+        The caller owns the process: ``await proc.aclose()`` kills and reaps it. Killing the
+        sandbox kills it too.
+        """
+        self._require_alive()
+        if not argv:
+            raise InvalidArgumentError("argv must not be empty")
+        who = self._user(user)
+        workdir = check_abs_path(cwd or self._workdir, what="cwd")
+        host_argv = nsenter_argv(
+            self._init_pid, argv, user=who, cwd=workdir, network_ns=self._own_netns
+        )
+        proc = await start_local_process(
+            host_argv, env=self._env(who, env), stdin=stdin, merge_stderr=merge_stderr
+        )
+        self._stats["processes_started"] += 1
+        self._processes.add(proc)
+        return proc
+
+    async def _run(
+        self,
+        argv: list[str],
+        *,
+        user: str | None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        data: bytes | None = None,
+        merge_stderr: bool = True,
+    ) -> tuple[int, bytes, bytes, bool]:
+        """Run to completion: (status, stdout, stderr, truncated). Cancel kills the group."""
+        proc = await self.start_process(
+            argv, user=user, env=env, cwd=cwd, stdin=data is not None, merge_stderr=merge_stderr
+        )
+        out = bytearray()
+        err = bytearray()
+        truncated = False
+        try:
+
+            async def pump(stream: trio.abc.ReceiveStream | None, buf: bytearray) -> None:
+                nonlocal truncated
+                if stream is None:
+                    return
+                while chunk := await stream.receive_some(65536):
+                    buf += chunk
+                    if len(buf) > MAX_EXEC_OUTPUT:
+                        del buf[: len(buf) - MAX_EXEC_OUTPUT]
+                        truncated = True
+
+            async def feed() -> None:
+                assert proc.stdin is not None
+                assert data is not None
+                try:
+                    await proc.stdin.send_all(data)
+                finally:
+                    await proc.stdin.aclose()
+
+            async with trio.open_nursery() as nursery:
+                if data is not None:
+                    nursery.start_soon(feed)
+                nursery.start_soon(pump, proc.stdout, out)
+                nursery.start_soon(pump, proc.stderr, err)
+                status = await proc.wait()
+                # A background child that kept our pipe open must not hold the caller hostage:
+                # give the pipes a moment to drain, then stop reading.
+                nursery.cancel_scope.deadline = trio.current_time() + _DRAIN_AFTER_EXIT_SEC
+        finally:
+            await proc.aclose()
+            self._processes.discard(proc)
+        if self._dead.is_set() or not self._init_alive():
+            raise SandboxNotRunningError(f"local sandbox {self._id} died while running {argv[:3]}")
+        return status, bytes(out), bytes(err), truncated
+
+    def _init_alive(self) -> bool:
+        try:
+            with open(f"/proc/{self._init_pid}/stat", "rb") as f:
+                return f.read().split(b") ", 1)[1][:1] != b"Z"
+        except (FileNotFoundError, IndexError):
+            return False
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = 60.0,
+        idempotent: bool = False,
+    ) -> ExecResult:
+        """Run ``cmd`` with ``/bin/sh -c``; see :meth:`trio_swe.Sandbox.exec`."""
+        del idempotent  # nothing to retry locally
+        self._stats["execs"] += 1
+        start = trio.current_time()
+        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+            status, out, _, truncated = await self._run(
+                ["/bin/sh", "-c", cmd], user=user, env=env, cwd=cwd
+            )
+        duration = trio.current_time() - start
+        if scope.cancelled_caught:
+            self._stats["exec_timeouts"] += 1
+            return ExecResult(exit_code=-1, reason="timeout", duration_sec=duration)
+        reason: Any = "exit"
+        if status < 0:
+            status, reason = 128 - status, "signal"
+        return ExecResult(
+            exit_code=status,
+            output=out.decode("utf-8", errors="replace"),
+            reason=reason,
+            duration_sec=duration,
+            output_truncated=truncated,
+        )
+
+    # -- files ------------------------------------------------------------------------------
+    async def write_file(
+        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+    ) -> None:
+        """Create or replace ``path`` as ``user`` (parents created)."""
+        check_abs_path(path)
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        mode_arg = f"{mode:o}" if mode is not None else ""
+        status, _, err, _ = await self._run(
+            ["/bin/sh", "-c", _WRITE_SCRIPT, "write_file", path, mode_arg],
+            user=user,
+            cwd="/",
+            data=payload,
+            merge_stderr=False,
+        )
+        if status != 0:
+            raise SandboxError(
+                f"write_file {path!r} failed ({status}): {err.decode(errors='replace').strip()}"
+            )
+        self._stats["files_written"] += 1
+
+    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
+        """The bytes of ``path``; :class:`SandboxFileNotFoundError` if it does not exist."""
+        check_abs_path(path)
+        status, out, err, _ = await self._run(
+            ["/bin/sh", "-c", _READ_SCRIPT, "read_file", path],
+            user=user,
+            cwd="/",
+            merge_stderr=False,
+        )
+        if status == _NOT_FOUND_STATUS:
+            raise SandboxFileNotFoundError(f"{path}: no such file in sandbox {self._id}")
+        if status != 0:
+            raise SandboxError(
+                f"read_file {path!r} failed ({status}): {err.decode(errors='replace').strip()}"
+            )
+        self._stats["files_read"] += 1
+        return out
+
+    # -- lifecycle --------------------------------------------------------------------------
+    async def kill(self) -> None:
+        """Kill every process in the sandbox and remove its files on the host. Idempotent."""
+        if self._killed:
+            return
+        self._killed = True
+        t0 = time.monotonic()
+        with trio.CancelScope(shield=True):
+            try:
+                # The pid namespace's init: when it dies the kernel kills every process in the
+                # namespace, including daemons that called setsid.
+                _kill_pid(self._init_pid)
+                if self._bwrap.returncode is None:
+                    self._bwrap.send_signal(signal.SIGKILL)
+                await self._bwrap.wait()
+                for proc in list(self._processes):
+                    await proc.aclose()
+                await trio.to_thread.run_sync(shutil.rmtree, self._state_dir, True)
+            finally:
+                self._dead.set()
+                self._stats["kill_sec"] = time.monotonic() - t0
+                if self._on_close is not None:
+                    self._on_close(self)
+
+
+def _kill_pid(pid: int) -> None:
+    """SIGKILL ``pid``; already gone is fine."""
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
