@@ -314,10 +314,10 @@ async def _read_child_pid(fd: int, bwrap: trio.Process) -> int:
     if data and bwrap.stdout is not None:
         with trio.move_on_after(30):
             while b"\n" not in ready:
-                chunk = await bwrap.stdout.receive_some(64)
-                if not chunk:
+                line = await bwrap.stdout.receive_some(64)
+                if not line:
                     break
-                ready += bytes(chunk)
+                ready += bytes(line)
         await bwrap.stdout.aclose()
     try:
         if ready != b"ready\n":
@@ -329,8 +329,8 @@ async def _read_child_pid(fd: int, bwrap: trio.Process) -> int:
             with trio.move_on_after(2):
                 if bwrap.returncode is None:
                     bwrap.kill()
-                while chunk := await bwrap.stderr.receive_some(65536):
-                    err += bytes(chunk)
+                while piece := await bwrap.stderr.receive_some(65536):
+                    err += bytes(piece)
         raise SandboxBootError(
             f"bubblewrap failed to start the sandbox: {err.decode(errors='replace').strip() or 'no output'}"
         ) from None
