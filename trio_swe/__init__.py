@@ -31,6 +31,17 @@ from .sandbox import (
 # --- sandbox/detached (issue 2) ---
 # --- trajectory (issue 3) ---
 # --- grading (issue 4) ---
+from .grading import (
+    EvalResult,
+    InstanceMetadata,
+    MetadataError,
+    available_protocols,
+    evaluability_check,
+    get_metadata,
+    register_protocol,
+    require_protocol,
+    run_evaluation,
+)
 # --- e2b (issue 5) ---
 # --- episode / rollout (issue 6) ---
 

@@ -1,0 +1,105 @@
+"""Grading: instance metadata, selectable protocols (``scaleswe``, ``swebench``), EvalResult.
+
+Grading always happens in a fresh sandbox booted from the instance image; only the patch carries
+over from the agent's sandbox. See ``docs/grading.md`` for the row shapes and protocols.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._errors import MetadataError
+from ._registry import (
+    GradingProtocol,
+    available_protocols,
+    get_protocol,
+    register_protocol,
+    require_protocol,
+)
+from ._result import EvalResult
+from ._scaleswe import ScaleSweProtocol
+from ._swebench import SweBenchProtocol
+from ._types import (
+    InstanceMetadata,
+    ScaleSweGrading,
+    SweBenchGrading,
+    SweProSpec,
+)
+
+if TYPE_CHECKING:
+    from ..sandbox import Backend
+
+register_protocol("scaleswe", ScaleSweProtocol())
+register_protocol("swebench", SweBenchProtocol())
+
+
+def get_metadata(row: Mapping[str, Any] | Any, protocol: str = "scaleswe") -> InstanceMetadata:
+    """Read a dataset row for ``protocol``.
+
+    Accepts slime-style samples (``prompt``/``label``/``metadata`` with ``remote_env_info``, as
+    a mapping or an object with those attributes), SWE-bench rows (classic and 5.x), SWE-bench
+    Pro rows and Scale-SWE rows.
+
+    Raises:
+        MetadataError: a field is missing or malformed; ``err.field`` names it.
+        ConfigError: ``protocol`` is not registered.
+    """
+    return get_protocol(protocol).get_metadata(_as_mapping(row))
+
+
+def evaluability_check(md: InstanceMetadata) -> str | None:
+    """A reason ``md`` cannot be graded (checked before an episode starts), or None.
+
+    Cheap and free of I/O except that the swebench protocol builds its eval script eagerly.
+    """
+    return get_protocol(md.protocol).evaluability_check(md)
+
+
+async def run_evaluation(
+    backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
+) -> EvalResult:
+    """Grade ``patch`` for ``md`` in a fresh sandbox, which is opened and killed here.
+
+    Args:
+        backend: where the eval sandbox comes from.
+        md: the instance, from :func:`get_metadata`.
+        patch: a unified diff (``git diff --binary`` output); empty means no change.
+        timeout_sec: the test run's time budget; overrunning it gives ``tests_timeout``.
+
+    Returns:
+        The result; task outcomes (failing tests, a patch that does not apply, a timeout) are
+        results with reward 0, never exceptions.
+
+    Raises:
+        SandboxError: the eval sandbox failed (infrastructure).
+    """
+    return await get_protocol(md.protocol).run_evaluation(
+        backend, md, patch, timeout_sec=timeout_sec
+    )
+
+
+def _as_mapping(row: Mapping[str, Any] | Any) -> Mapping[str, Any]:
+    if isinstance(row, Mapping):
+        return row
+    # A slime ``Sample`` (or any object with these attributes).
+    if hasattr(row, "metadata"):
+        return {k: getattr(row, k) for k in ("prompt", "label", "metadata") if hasattr(row, k)}
+    raise MetadataError("row", f"expected a mapping or a sample, got {type(row).__name__}")
+
+
+__all__ = [
+    "EvalResult",
+    "GradingProtocol",
+    "InstanceMetadata",
+    "MetadataError",
+    "ScaleSweGrading",
+    "SweBenchGrading",
+    "SweProSpec",
+    "available_protocols",
+    "evaluability_check",
+    "get_metadata",
+    "register_protocol",
+    "require_protocol",
+    "run_evaluation",
+]

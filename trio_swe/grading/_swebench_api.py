@@ -1,0 +1,243 @@
+"""A small, version-aware adapter over the ``swebench`` package (4.1+ and 5.x), imported lazily.
+
+Only three things are taken from swebench: building a ``TestSpec`` (its eval script), and
+grading a log with ``get_eval_report`` / ``get_logs_eval``. Nothing of its log parsing is
+re-implemented here; the log is written to a file and handed to swebench as it is.
+
+* swebench 5.x: ``swebench.harness.utils.make_test_spec(instance)`` needs a row carrying
+  ``eval_script``, ``log_parser`` and ``eval_type`` (the 5.x dataset shape). It cannot build a
+  script from ``repo`` + ``version``.
+* swebench 4.x: ``swebench.harness.test_spec.test_spec.make_test_spec`` builds the script from
+  ``repo`` + ``version``. For repos whose environment script would fetch ``requirements.txt`` /
+  ``environment.yml`` from GitHub, the TestSpec is composed from swebench's own pure
+  ``make_eval_script_list`` with no environment script, so nothing touches the network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import os
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from ._types import InstanceMetadata, SweBenchGrading
+
+#: The pip requirement that fixes a missing or broken swebench.
+INSTALL_HINT = "pip install 'trio-swe[swebench]' (or: pip install 'swebench>=4.1')"
+
+
+class SpecBuildError(Exception):
+    """The eval script could not be built; ``reason`` is a short machine-readable string."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True)
+class _Api:
+    version: str
+    major: int
+    get_eval_report: Any
+    get_logs_eval: Any
+    make_test_spec: Any
+    # 4.x only
+    test_spec_cls: Any = None
+    make_eval_script_list: Any = None
+    specs: Any = None
+    repo_to_ext: Any = None
+    repo_to_parser: Any = None
+
+
+_lock = threading.Lock()
+_api: _Api | None = None
+_error: str | None = None
+
+
+def _load() -> _Api:
+    grading = importlib.import_module("swebench.harness.grading")
+    try:
+        version = importlib.metadata.version("swebench")
+    except importlib.metadata.PackageNotFoundError:  # a source checkout on sys.path
+        version = str(getattr(importlib.import_module("swebench"), "__version__", "0"))
+    try:
+        ts4 = importlib.import_module("swebench.harness.test_spec.test_spec")
+    except ModuleNotFoundError:
+        utils5 = importlib.import_module("swebench.harness.utils")
+        return _Api(
+            version=version,
+            major=5,
+            get_eval_report=grading.get_eval_report,
+            get_logs_eval=grading.get_logs_eval,
+            make_test_spec=utils5.make_test_spec,
+        )
+    scripts = importlib.import_module("swebench.harness.test_spec.create_scripts")
+    constants = importlib.import_module("swebench.harness.constants")
+    parsers = importlib.import_module("swebench.harness.log_parsers")
+    return _Api(
+        version=version,
+        major=4,
+        get_eval_report=grading.get_eval_report,
+        get_logs_eval=grading.get_logs_eval,
+        make_test_spec=ts4.make_test_spec,
+        test_spec_cls=ts4.TestSpec,
+        make_eval_script_list=scripts.make_eval_script_list,
+        specs=constants.MAP_REPO_VERSION_TO_SPECS,
+        repo_to_ext=constants.MAP_REPO_TO_EXT,
+        repo_to_parser=parsers.MAP_REPO_TO_PARSER,
+    )
+
+
+def get_api() -> _Api | None:
+    """The loaded adapter, importing swebench on first use; None if it cannot be imported."""
+    global _api, _error
+    with _lock:
+        if _api is None and _error is None:
+            try:
+                _api = _load()
+            except Exception as exc:  # any import-time failure of a heavy optional package
+                _error = f"swebench is not importable ({type(exc).__name__}: {exc}); {INSTALL_HINT}"
+        return _api
+
+
+def unavailable_reason() -> str | None:
+    """Why swebench cannot be used (naming the fix), or None."""
+    return _error if get_api() is None else None
+
+
+def build_test_spec(md: InstanceMetadata) -> Any:
+    """Build swebench's ``TestSpec`` for ``md``; its ``.eval_script`` is the script to run.
+
+    Raises:
+        SpecBuildError: swebench missing, or the row cannot produce a script with this version.
+    """
+    api = get_api()
+    if api is None:
+        raise SpecBuildError("swebench_import_failed", _error or "")
+    g = md.grading
+    if not isinstance(g, SweBenchGrading):
+        raise SpecBuildError("not_a_swebench_row")
+    inst = g.instance(md.instance_id, md.image)
+    if api.major >= 5:
+        if not g.is_v5_row:
+            raise SpecBuildError(
+                "classic_row_needs_swebench_4",
+                f"swebench {api.version} builds no eval script from repo+version; install "
+                "'swebench>=4.1,<5' or use rows carrying eval_script/log_parser/eval_type",
+            )
+        try:
+            return api.make_test_spec(inst)
+        except Exception as exc:
+            raise SpecBuildError("make_test_spec_failed", f"{type(exc).__name__}: {exc}") from exc
+    return _build_v4(api, g, inst)
+
+
+def _build_v4(api: _Api, g: SweBenchGrading, inst: dict[str, Any]) -> Any:
+    if g.repo not in api.repo_to_parser:
+        raise SpecBuildError(
+            "unknown_repo", f"swebench {api.version} has no log parser for {g.repo!r}"
+        )
+    if g.is_v5_row:
+        # A 5.x row on 4.x: run the row's script; 4.x picks the parser by repo.
+        lines = [
+            ln
+            for ln in (g.eval_script or "").strip().split("\n")
+            if ln not in ("#!/bin/bash", "set -uxo pipefail")
+        ]
+        return _spec_v4(api, inst, lines)
+    specs = api.specs.get(g.repo, {}).get(g.version)
+    if specs is None:
+        raise SpecBuildError(
+            "unknown_repo_version",
+            f"swebench {api.version} has no specs for {g.repo} {g.version!r}",
+        )
+    try:
+        if specs.get("packages") in ("requirements.txt", "environment.yml"):
+            # make_test_spec would fetch these from GitHub (no timeout); grading needs only the
+            # eval script, which swebench builds offline.
+            lines = api.make_eval_script_list(
+                inst, specs, "testbed", "/testbed", g.base_commit, g.test_patch
+            )
+            return _spec_v4(api, inst, lines)
+        return api.make_test_spec(inst)
+    except SpecBuildError:
+        raise
+    except Exception as exc:
+        raise SpecBuildError("make_test_spec_failed", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _spec_v4(api: _Api, inst: dict[str, Any], eval_lines: list[str]) -> Any:
+    return api.test_spec_cls(
+        instance_id=inst["instance_id"],
+        repo=inst["repo"],
+        version=inst["version"],
+        repo_script_list=[],
+        eval_script_list=list(eval_lines),
+        env_script_list=[],
+        arch="x86_64",
+        FAIL_TO_PASS=list(inst["FAIL_TO_PASS"]),
+        PASS_TO_PASS=list(inst["PASS_TO_PASS"]),
+        language=api.repo_to_ext.get(inst["repo"], "py"),
+        docker_specs={},
+        namespace=None,
+    )
+
+
+@dataclass(frozen=True)
+class LogGrade:
+    """swebench's verdict on one log."""
+
+    resolved: bool
+    gradable: bool  # swebench's ``patch_successfully_applied``: markers found, no bad codes
+    tests_status: dict[str, str]
+    f2p_passed: int
+    f2p_total: int
+    p2p_passed: int
+    p2p_total: int
+    infra_reason: str | None
+    report: dict[str, Any]
+
+
+def grade_log(test_spec: Any, instance_id: str, patch: str, log_text: str) -> LogGrade:
+    """Grade ``log_text`` with swebench's ``get_eval_report`` (blocking; run it in a thread)."""
+    api = get_api()
+    if api is None:
+        raise SpecBuildError("swebench_import_failed", _error or "")
+    fd, path = tempfile.mkstemp(prefix="trio_swe_eval_", suffix=".log")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="replace") as f:
+            f.write(log_text)
+        report = api.get_eval_report(
+            test_spec=test_spec,
+            prediction={
+                "instance_id": instance_id,
+                "model_patch": patch,
+                "model_name_or_path": "trio_swe",
+            },
+            test_log_path=path,
+            include_tests_status=True,
+        )
+        status_map, _found = api.get_logs_eval(test_spec, path)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    info = report.get(instance_id, {})
+    ts = info.get("tests_status") or {}
+    f2p = ts.get("FAIL_TO_PASS") or {"success": [], "failure": []}
+    p2p = ts.get("PASS_TO_PASS") or {"success": [], "failure": []}
+    return LogGrade(
+        resolved=bool(info.get("resolved")),
+        gradable=bool(info.get("patch_successfully_applied")),
+        tests_status={str(k): str(v) for k, v in dict(status_map).items()},
+        f2p_passed=len(f2p["success"]),
+        f2p_total=len(f2p["success"]) + len(f2p["failure"]),
+        p2p_passed=len(p2p["success"]),
+        p2p_total=len(p2p["success"]) + len(p2p["failure"]),
+        infra_reason=info.get("infra_failure_reason"),
+        report=info,
+    )
