@@ -30,6 +30,21 @@ from .sandbox import (
 # --- sandbox/local (issue 2) ---
 # --- sandbox/detached (issue 2) ---
 # --- trajectory (issue 3) ---
+from .trajectory import (
+    BuilderStatistics,
+    Sample,
+    SampleBuilder,
+    SampleDecodeError,
+    TurnRecord,
+    decode_sample,
+    decode_sample_json,
+    encode_sample,
+    encode_sample_json,
+    read_samples,
+    truncate,
+    write_samples,
+)
+
 # --- grading (issue 4) ---
 from .grading import (
     EvalResult,

@@ -60,3 +60,7 @@ class MetadataError(TrioSweError, ValueError):
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
+
+
+class SampleDecodeError(TrioSweError, ValueError):
+    """Bytes or a file that do not hold a valid encoded :class:`~trio_swe.Sample`."""

@@ -1,0 +1,168 @@
+"""Typed, read-only, contiguous buffers: the storage of token ids, loss masks and log-probs.
+
+Every buffer in a record is a one-dimensional, C-contiguous, read-only :class:`memoryview` with
+a native single-character format: ``"i"`` (int32) for token ids, ``"B"`` (uint8) for the loss
+mask, ``"f"`` (float32) for log-probs. Such a view slices in O(1), hands its memory to
+``numpy.frombuffer`` without a copy, and msgspec writes it to msgpack as one ``bin`` blob.
+
+The coercion helpers accept whatever callers naturally hold (lists, ``array.array``, numpy
+arrays, raw little-endian bytes, views) and copy only when the memory layout differs.
+"""
+
+from __future__ import annotations
+
+import array
+import sys
+from collections.abc import Iterable
+from typing import Any, cast
+
+from .._errors import InvalidArgumentError
+
+# The wire format (msgpack bin) is the in-memory layout, so it is little-endian int32/float32.
+LITTLE_ENDIAN = sys.byteorder == "little"
+if array.array("i").itemsize != 4 or array.array("f").itemsize != 4:  # pragma: no cover
+    raise ImportError("trio_swe.trajectory needs a platform with 4-byte C int and float")
+
+_BYTE_FORMATS = frozenset({"B", "b", "c"})
+_INT32_FORMATS = frozenset({"i", "@i", "=i", "<i", "l", "@l", "=l", "<l"})
+_FLOAT32_FORMATS = frozenset({"f", "@f", "=f", "<f"})
+_MASK_FORMATS = frozenset({"B", "b", "c", "?", "@B", "=B", "<B", "@?", "=?"})
+
+
+def float_view(mv: memoryview[float]) -> memoryview:
+    """Typeshed types a view by its items; record fields are plain ``memoryview`` (msgspec
+    evaluates field annotations at runtime, where ``memoryview[float]`` does not exist)."""
+    return cast(memoryview, mv)
+
+
+def _view(value: object) -> memoryview | None:
+    """A memoryview of ``value`` if it exposes the buffer protocol, else None."""
+    if isinstance(value, memoryview):
+        return value
+    if isinstance(value, str):
+        return None
+    try:
+        return memoryview(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _from_iterable(value: object, typecode: str, name: str) -> memoryview:
+    if isinstance(value, (str, bytes, bytearray)) or not isinstance(value, Iterable):
+        raise InvalidArgumentError(
+            f"{name} must be a sequence of numbers or a buffer, not {type(value).__name__}"
+        )
+    try:
+        arr = array.array(typecode, value)
+    except OverflowError as exc:
+        kind = "int32" if typecode == "i" else "uint8"
+        raise InvalidArgumentError(f"{name} holds a value out of range for {kind}: {exc}") from None
+    except TypeError as exc:
+        raise InvalidArgumentError(f"{name} holds a value of the wrong type: {exc}") from None
+    return memoryview(arr).toreadonly()
+
+
+def _flat(mv: memoryview, name: str) -> memoryview:
+    if mv.ndim != 1:
+        raise InvalidArgumentError(f"{name} must be one-dimensional, got {mv.ndim} dimensions")
+    return mv
+
+
+def as_int32(value: object, name: str) -> memoryview:
+    """``value`` as a read-only int32 view; copies only if its layout is not already int32.
+
+    Raises:
+        InvalidArgumentError: ``value`` is not a flat sequence of int32-representable integers,
+            or raw bytes whose length is not a multiple of 4.
+    """
+    mv = _view(value)
+    if mv is None:
+        return _from_iterable(value, "i", name)
+    if mv.format == "i" and mv.readonly and mv.c_contiguous:
+        return mv  # the common case: already one of ours
+    _flat(mv, name)
+    fmt = mv.format
+    if mv.c_contiguous and fmt in _BYTE_FORMATS:
+        if mv.nbytes % 4:
+            raise InvalidArgumentError(f"{name}: {mv.nbytes} bytes is not a whole number of int32")
+        return mv.cast("B").cast("i").toreadonly()
+    if mv.c_contiguous and fmt in _INT32_FORMATS and mv.itemsize == 4:
+        return mv.cast("B").cast("i").toreadonly()
+    if fmt.lstrip("@=<>!") in ("b", "B", "h", "H", "i", "I", "l", "L", "q", "Q", "n", "N"):
+        # Other integer widths (numpy int64 is the usual one): convert element by element.
+        return _from_iterable(mv.tolist(), "i", name)
+    raise InvalidArgumentError(f"{name} must hold integers, got a buffer of format {fmt!r}")
+
+
+def as_float32(value: object, name: str) -> memoryview:
+    """``value`` as a read-only float32 view; copies only if its layout is not already float32.
+
+    Raises:
+        InvalidArgumentError: ``value`` is not a flat sequence of numbers, or raw bytes whose
+            length is not a multiple of 4.
+    """
+    mv = _view(value)
+    if mv is None:
+        return _from_iterable(value, "f", name)
+    if mv.format == "f" and mv.readonly and mv.c_contiguous:
+        return mv
+    _flat(mv, name)
+    fmt = mv.format
+    if mv.c_contiguous and fmt in _BYTE_FORMATS:
+        if mv.nbytes % 4:
+            raise InvalidArgumentError(
+                f"{name}: {mv.nbytes} bytes is not a whole number of float32"
+            )
+        return float_view(mv.cast("B").cast("f").toreadonly())
+    if mv.c_contiguous and fmt in _FLOAT32_FORMATS:
+        return float_view(mv.cast("B").cast("f").toreadonly())
+    if fmt.lstrip("@=<>!") in ("e", "f", "d"):
+        return _from_iterable(mv.tolist(), "f", name)
+    raise InvalidArgumentError(f"{name} must hold floats, got a buffer of format {fmt!r}")
+
+
+def as_mask(value: object, name: str) -> memoryview:
+    """``value`` as a read-only uint8 view whose every element is 0 or 1.
+
+    Raises:
+        InvalidArgumentError: ``value`` is not flat, or holds a value other than 0 and 1.
+    """
+    mv = _view(value)
+    if mv is None:
+        mv = _from_iterable(value, "B", name)
+    elif not (mv.c_contiguous and mv.itemsize == 1 and mv.format in _MASK_FORMATS):
+        _flat(mv, name)
+        mv = _from_iterable(mv.tolist(), "B", name)
+    elif mv.format != "B" or not mv.readonly:
+        mv = _flat(mv, name).cast("B").toreadonly()
+    raw = mv.tobytes()  # bytes.count is a C loop; this copy is 1 byte per token
+    if raw.count(0) + raw.count(1) != len(raw):
+        bad = next(b for b in raw if b > 1)
+        raise InvalidArgumentError(f"{name} must hold only 0 and 1, found {bad}")
+    return mv
+
+
+def common_prefix_bytes(held: bytes | bytearray, other: memoryview) -> int:
+    """Length in bytes of the longest common prefix of ``held`` and ``other`` (a 'B' view).
+
+    ``bytearray.startswith`` is a memcmp, about 100x faster than comparing memoryviews, so the
+    common (fully matching) case costs one memcmp and a mismatch a binary search of memcmps.
+    """
+    n = min(len(held), len(other))
+    if held.startswith(other[:n]):
+        return n
+    lo, hi = 0, n  # invariant: prefix of length lo matches, of length hi does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if held.startswith(other[:mid]):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def describe(mv: memoryview) -> str:
+    """A short repr of a buffer for error messages and reprs: its length and first items."""
+    head: list[Any] = mv[:6].tolist()
+    more = ", ..." if len(mv) > 6 else ""
+    return f"<{mv.format} x{len(mv)} [{', '.join(map(str, head))}{more}]>"

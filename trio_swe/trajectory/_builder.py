@@ -1,0 +1,315 @@
+"""The sample builder: a chain of :class:`TurnRecord` s becomes one or more :class:`Sample` s.
+
+Each turn is compared with the tokens held so far (a memcmp over the raw int32 bytes):
+
+* **clean**: the held tokens are a prefix of the new prompt. The prompt's new suffix is
+  appended as context (loss 0) and the output as trained tokens (loss 1).
+* **realign**: the new prompt diverges from the held tokens inside the most recent response
+  (a client re-rendered it: whitespace, dropped reasoning) and the new output is shorter than
+  ``fork_threshold_tokens``. The held tokens are cut at the divergence and the new prompt's
+  rest is appended as context. Unlike slime, the part of the last response before the
+  divergence stays trained: it was sampled from exactly the context it still follows.
+* **fork**: anything else. The current sample is closed and a new one starts whose prompt is
+  the whole new prompt.
+
+Every trained token is an output token of some turn, preceded in its sample by exactly the
+tokens that turn was prompted with and sampled so far, and carries that turn's log-prob.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from .._errors import InvalidArgumentError
+from ._buffers import common_prefix_bytes, float_view
+from ._records import Sample, TurnRecord, finite_reward
+from ._truncate import truncate
+
+TurnKind = Literal["start", "clean", "realign", "fork"]
+IllFormedPolicy = Literal["mask", "train"]
+MissingLogProbsPolicy = Literal["error", "mask"]
+
+_ONE = b"\x01"
+
+
+class BuilderStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of a :class:`SampleBuilder`, cumulative over every chain it has built.
+
+    Attributes:
+        turns: Turns added.
+        chains: Chains finished (calls to ``finish`` after at least one turn).
+        clean: Turns appended to the held tokens as they were.
+        realign: Turns that rewrote the tail of the last response as context.
+        fork: Turns that started a new sample (the first turn of a chain is not a fork).
+        ill_formed_turns: Turns marked ill-formed (trained or masked per the policy).
+        masked_turns: Turns whose output was masked (ill-formed, or missing log-probs).
+        samples: Samples returned.
+        truncated_samples: Samples cut to ``max_sample_tokens``.
+        dropped_samples: Segments returned as no sample because no trained token was left.
+        tokens: Tokens in the returned samples.
+        trained_tokens: Loss-1 tokens in the returned samples.
+        fork_prefix_tokens: Prompt tokens that forked samples re-emit (context duplicated by
+            forking; large values point at a client that re-renders its history).
+    """
+
+    turns: int = 0
+    chains: int = 0
+    clean: int = 0
+    realign: int = 0
+    fork: int = 0
+    ill_formed_turns: int = 0
+    masked_turns: int = 0
+    samples: int = 0
+    truncated_samples: int = 0
+    dropped_samples: int = 0
+    tokens: int = 0
+    trained_tokens: int = 0
+    fork_prefix_tokens: int = 0
+
+
+class _Segment:
+    """The growing buffers of one sample: little-endian int32/uint8/float32 in bytearrays."""
+
+    __slots__ = (
+        "finish_reason",
+        "ill_formed",
+        "kinds",
+        "last_response_start",
+        "log_probs",
+        "mask",
+        "masked",
+        "prompt_len",
+        "tokens",
+    )
+
+    def __init__(self, prompt: memoryview) -> None:
+        self.tokens = bytearray(prompt)
+        self.prompt_len = len(prompt)  # in tokens; the response region starts here
+        self.mask = bytearray()  # response region only
+        self.log_probs = bytearray()  # response region only, 4 bytes per token
+        self.last_response_start = self.prompt_len
+        self.kinds: list[str] = []
+        self.ill_formed = 0
+        self.masked = 0
+        self.finish_reason = ""
+
+    def cut(self, n_tokens: int) -> None:
+        """Drop every held token from index ``n_tokens`` on (inside the response region)."""
+        r = n_tokens - self.prompt_len
+        del self.tokens[n_tokens * 4 :]
+        del self.mask[r:]
+        del self.log_probs[r * 4 :]
+
+    def append_context(self, ids: memoryview) -> None:
+        n = len(ids)
+        self.tokens += ids
+        self.mask += bytes(n)
+        self.log_probs += bytes(4 * n)
+
+    def append_output(self, turn: TurnRecord, trained: bool) -> None:
+        out = turn.output_ids
+        n = len(out)
+        self.last_response_start = len(self.tokens) // 4
+        self.tokens += out
+        self.mask += _ONE * n if trained else bytes(n)
+        lp = turn.output_log_probs
+        self.log_probs += bytes(4 * n) if lp is None else lp
+
+    def to_sample(self, reward: float, metadata: dict[str, Any]) -> Sample:
+        rl = len(self.mask)
+        return Sample(
+            # Views of the bytearrays, which this segment never touches again.
+            tokens=memoryview(self.tokens).cast("i").toreadonly(),
+            loss_mask=memoryview(self.mask).toreadonly(),
+            rollout_log_probs=float_view(memoryview(self.log_probs).cast("f").toreadonly()),
+            response_length=rl,
+            reward=reward,
+            status="truncated" if self.finish_reason == "length" else "completed",
+            metadata=metadata,
+        )
+
+
+class SampleBuilder:
+    """Turns one chain of policy calls (an agent session) into training samples.
+
+    Add the turns in order with :meth:`add`, then call :meth:`finish` for the samples. The
+    builder is then empty and may build the next chain; :meth:`statistics` accumulates.
+
+    Args:
+        max_sample_tokens: Truncate each sample to this many tokens (the session's
+            ``max_context_tokens``); None for no limit.
+        ill_formed_policy: ``"mask"`` keeps an ill-formed turn's output as context (loss 0);
+            ``"train"`` trains it like any other output (the reward then teaches the format).
+            Either way its tokens stay in place, so nothing after it shifts.
+        missing_log_probs: What to do with a turn whose output would be trained but has no
+            log-probs: ``"error"`` raises :class:`~trio_swe.InvalidArgumentError`; ``"mask"``
+            keeps its output as context (loss 0). Never padded with 0.0 and trained.
+        fork_threshold_tokens: A turn whose prompt diverges inside the last response realigns
+            only if its output is shorter than this (slime's gate); 0 turns realignment off.
+        keep_untrained: Also return samples without a single trained token (normally dropped
+            and counted in ``dropped_samples``).
+
+    Raises:
+        InvalidArgumentError: an argument is out of range or not one of the allowed values.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_sample_tokens: int | None = None,
+        ill_formed_policy: IllFormedPolicy = "mask",
+        missing_log_probs: MissingLogProbsPolicy = "error",
+        fork_threshold_tokens: int = 1024,
+        keep_untrained: bool = False,
+    ) -> None:
+        if max_sample_tokens is not None and (
+            not isinstance(max_sample_tokens, int)
+            or isinstance(max_sample_tokens, bool)
+            or max_sample_tokens <= 0
+        ):
+            raise InvalidArgumentError(
+                f"max_sample_tokens must be a positive int or None, not {max_sample_tokens!r}"
+            )
+        if ill_formed_policy not in ("mask", "train"):
+            raise InvalidArgumentError(
+                f"ill_formed_policy must be 'mask' or 'train', not {ill_formed_policy!r}"
+            )
+        if missing_log_probs not in ("error", "mask"):
+            raise InvalidArgumentError(
+                f"missing_log_probs must be 'error' or 'mask', not {missing_log_probs!r}"
+            )
+        if (
+            not isinstance(fork_threshold_tokens, int)
+            or isinstance(fork_threshold_tokens, bool)
+            or fork_threshold_tokens < 0
+        ):
+            raise InvalidArgumentError(
+                f"fork_threshold_tokens must be an int >= 0, not {fork_threshold_tokens!r}"
+            )
+        self.max_sample_tokens = max_sample_tokens
+        self.ill_formed_policy: IllFormedPolicy = ill_formed_policy
+        self.missing_log_probs: MissingLogProbsPolicy = missing_log_probs
+        self.fork_threshold_tokens = fork_threshold_tokens
+        self.keep_untrained = keep_untrained
+        self._current: _Segment | None = None
+        self._closed: list[_Segment] = []
+        self._turn_index = 0  # within the current chain, for error messages
+        self._stats: dict[str, int] = dict.fromkeys(BuilderStatistics.__struct_fields__, 0)
+
+    def classify(self, turn: TurnRecord) -> TurnKind:
+        """How :meth:`add` would place ``turn`` given the tokens held now (changes nothing)."""
+        return self._classify(turn)[0]
+
+    def _classify(self, turn: TurnRecord) -> tuple[TurnKind, int]:
+        seg = self._current
+        if seg is None:
+            return "start", 0
+        prompt = turn.prompt_ids
+        held = len(seg.tokens) // 4
+        lcp = common_prefix_bytes(seg.tokens, prompt.cast("B")) // 4
+        if lcp == held:
+            return "clean", lcp
+        if lcp >= seg.last_response_start and len(turn.output_ids) < self.fork_threshold_tokens:
+            return "realign", lcp
+        return "fork", lcp
+
+    def add(self, turn: TurnRecord) -> None:
+        """Append one policy call to the chain.
+
+        Raises:
+            InvalidArgumentError: ``turn`` is not a TurnRecord, or its output would be trained
+                without log-probs and ``missing_log_probs="error"`` (the builder is unchanged).
+        """
+        if not isinstance(turn, TurnRecord):
+            raise InvalidArgumentError(f"add() takes a TurnRecord, not {type(turn).__name__}")
+        trained = not (turn.ill_formed and self.ill_formed_policy == "mask")
+        masked = not trained
+        if trained and turn.output_log_probs is None and len(turn.output_ids):
+            if self.missing_log_probs == "error":
+                raise InvalidArgumentError(
+                    f"turn {self._turn_index} has {len(turn.output_ids)} output tokens to train "
+                    "but no output_log_probs (pass missing_log_probs='mask' to mask them)"
+                )
+            trained, masked = False, True
+
+        kind, lcp = self._classify(turn)
+        stats = self._stats
+        prompt = turn.prompt_ids
+        if kind == "start" or kind == "fork":
+            if self._current is not None:
+                self._closed.append(self._current)
+                stats["fork_prefix_tokens"] += len(prompt)
+            seg = self._current = _Segment(prompt)
+        else:
+            assert self._current is not None  # "start" is the only kind without a segment
+            seg = self._current
+            if kind == "realign":
+                seg.cut(lcp)
+            seg.append_context(prompt[lcp:])
+        seg.append_output(turn, trained)
+        seg.kinds.append(kind)
+        seg.finish_reason = turn.finish_reason
+        seg.ill_formed += turn.ill_formed
+        seg.masked += masked
+        self._turn_index += 1
+        stats["turns"] += 1
+        if kind != "start":
+            stats[kind] += 1
+        stats["ill_formed_turns"] += turn.ill_formed
+        stats["masked_turns"] += masked
+
+    def finish(self, *, reward: float, metadata: dict[str, Any] | None = None) -> list[Sample]:
+        """The chain's samples, in order; the builder is then empty (statistics stay).
+
+        Every sample gets the full ``reward``, a shallow copy of ``metadata``, and under
+        ``metadata["trajectory"]``: ``segment`` (its index among the chain's segments),
+        ``segments``, ``turn_kinds`` (one of start/clean/realign/fork per turn),
+        ``ill_formed_turns``, ``masked_turns`` and ``finish_reason`` (of its last turn). A
+        sample whose last turn finished with ``"length"`` has status ``"truncated"``. Samples
+        are then cut to ``max_sample_tokens`` (see :func:`truncate`), and those left without a
+        trained token are dropped unless ``keep_untrained``.
+
+        Raises:
+            InvalidArgumentError: ``reward`` is not a finite number or ``metadata`` not a dict.
+        """
+        value = finite_reward(reward)
+        if metadata is not None and not isinstance(metadata, dict):
+            raise InvalidArgumentError(f"metadata must be a dict, not {type(metadata).__name__}")
+        segments = self._closed
+        if self._current is not None:
+            segments.append(self._current)
+        self._current, self._closed, self._turn_index = None, [], 0
+        if not segments:
+            return []
+        stats = self._stats
+        stats["chains"] += 1
+        samples: list[Sample] = []
+        for i, seg in enumerate(segments):
+            md = dict(metadata) if metadata else {}
+            md["trajectory"] = {
+                "segment": i,
+                "segments": len(segments),
+                "turn_kinds": seg.kinds,
+                "ill_formed_turns": seg.ill_formed,
+                "masked_turns": seg.masked,
+                "finish_reason": seg.finish_reason,
+            }
+            sample = seg.to_sample(value, md)
+            if self.max_sample_tokens is not None and len(sample.tokens) > self.max_sample_tokens:
+                sample = truncate(sample, self.max_sample_tokens)
+                stats["truncated_samples"] += 1
+            trained = sample.num_trained_tokens()
+            if not trained and not self.keep_untrained:
+                stats["dropped_samples"] += 1
+                continue
+            stats["samples"] += 1
+            stats["tokens"] += len(sample.tokens)
+            stats["trained_tokens"] += trained
+            samples.append(sample)
+        return samples
+
+    def statistics(self) -> BuilderStatistics:
+        """A snapshot of the cumulative counters."""
+        return BuilderStatistics(**self._stats)

@@ -1,0 +1,189 @@
+"""Codecs: msgpack (zero-copy decode), JSON (for people), and a streaming file of samples.
+
+msgpack: a :class:`Sample` is a map whose buffers are ``bin`` blobs holding little-endian
+int32/uint8/float32. Decoding returns views into the input, so a decoded sample costs a few
+small allocations whatever its length.
+
+File (``write_samples``/``read_samples``): an 8-byte magic ``b"TSWSMP\\x00\\x01"``, then per
+sample an 8-byte little-endian length and that many bytes of msgpack. Reading streams one
+sample at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import msgspec
+
+from .._errors import ConfigError, SampleDecodeError
+from ._buffers import LITTLE_ENDIAN
+from ._records import Sample, SampleStatus
+
+FILE_MAGIC = b"TSWSMP\x00\x01"
+_LENGTH = struct.Struct("<Q")
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Sample)
+
+
+def _check_host() -> None:
+    if not LITTLE_ENDIAN:  # pragma: no cover - no big-endian CI
+        raise ConfigError("the sample codecs write the in-memory layout: a little-endian host")
+
+
+def encode_sample(sample: Sample) -> bytes:
+    """``sample`` as msgpack; its buffers are written as ``bin`` (one memcpy each)."""
+    _check_host()
+    if not isinstance(sample, Sample):
+        raise TypeError(f"encode_sample takes a Sample, not {type(sample).__name__}")
+    return _encoder.encode(sample)
+
+
+def decode_sample(data: bytes | bytearray | memoryview) -> Sample:
+    """A sample from :func:`encode_sample` output, its buffers views into ``data`` (no copy).
+
+    The sample keeps ``data`` alive. Pass ``bytes`` (immutable); a mutable buffer would let the
+    sample change under you.
+
+    Raises:
+        SampleDecodeError: ``data`` is not a valid encoded sample (malformed msgpack, a missing
+            or mistyped field, or fields that break the sample invariants).
+    """
+    _check_host()
+    try:
+        return _decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SampleDecodeError(f"not an encoded Sample: {exc}") from exc
+
+
+class _SampleJSON(msgspec.Struct, kw_only=True):
+    """The JSON shape: buffers as plain lists of numbers."""
+
+    tokens: list[int]
+    loss_mask: list[int]
+    rollout_log_probs: list[float]
+    response_length: int
+    reward: float = 0.0
+    status: SampleStatus = "completed"
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+_json_encoder = msgspec.json.Encoder()
+_json_decoder = msgspec.json.Decoder(_SampleJSON)
+
+
+def encode_sample_json(sample: Sample) -> bytes:
+    """``sample`` as JSON with the buffers as lists of numbers, for reading and diffing.
+
+    Log-probs are float32 values printed as the shortest float64 that reads back as the same
+    float32. Non-finite log-probs cannot be written (JSON has no NaN) and raise ValueError.
+    """
+    if not isinstance(sample, Sample):
+        raise TypeError(f"encode_sample_json takes a Sample, not {type(sample).__name__}")
+    lp = sample.rollout_log_probs_list()
+    if any(x != x or x in (float("inf"), float("-inf")) for x in lp):
+        raise ValueError("rollout_log_probs holds a non-finite value, which JSON cannot carry")
+    return _json_encoder.encode(
+        _SampleJSON(
+            tokens=sample.tokens.tolist(),
+            loss_mask=sample.loss_mask.tolist(),
+            rollout_log_probs=lp,
+            response_length=sample.response_length,
+            reward=sample.reward,
+            status=sample.status,
+            metadata=sample.metadata,
+        )
+    )
+
+
+def decode_sample_json(data: bytes | str) -> Sample:
+    """A sample from :func:`encode_sample_json` output (the buffers are new copies).
+
+    Raises:
+        SampleDecodeError: ``data`` is not a valid JSON sample.
+    """
+    try:
+        js = _json_decoder.decode(data)
+        return Sample(
+            tokens=js.tokens,  # type: ignore[arg-type]  # coerced in __post_init__
+            loss_mask=js.loss_mask,  # type: ignore[arg-type]
+            rollout_log_probs=js.rollout_log_probs,  # type: ignore[arg-type]
+            response_length=js.response_length,
+            reward=js.reward,
+            status=js.status,
+            metadata=js.metadata,
+        )
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise SampleDecodeError(f"not a JSON Sample: {exc}") from exc
+
+
+def write_samples(path: str | os.PathLike[str], samples: Iterable[Sample]) -> int:
+    """Write ``samples`` (any iterable, consumed lazily) to a file at ``path``; returns the count.
+
+    The file appears atomically: samples go to a temporary file in the same directory, renamed
+    over ``path`` once all are written. If anything fails (or the iterable raises), the
+    temporary file is removed and ``path`` is untouched.
+    """
+    _check_host()
+    path = os.fspath(path)
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    count = 0
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(FILE_MAGIC)
+            for sample in samples:
+                data = encode_sample(sample)
+                f.write(_LENGTH.pack(len(data)))
+                f.write(data)
+                count += 1
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return count
+
+
+def read_samples(path: str | os.PathLike[str]) -> Iterator[Sample]:
+    """Stream the samples of a file written by :func:`write_samples`, one at a time.
+
+    Each sample's buffers are views into its own record's bytes (one read per sample).
+
+    Raises:
+        SampleDecodeError: the file does not start with the magic, ends inside a record, or a
+            record does not decode (the message names the record's index).
+        OSError: the file cannot be opened or read.
+    """
+    _check_host()
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        magic = f.read(len(FILE_MAGIC))
+        if magic != FILE_MAGIC:
+            raise SampleDecodeError(f"{path}: not a trio_swe sample file (bad magic {magic!r})")
+        index = 0
+        while True:
+            head = f.read(_LENGTH.size)
+            if not head:
+                return
+            if len(head) != _LENGTH.size:
+                raise SampleDecodeError(f"{path}: file ends inside the length of record {index}")
+            (size,) = _LENGTH.unpack(head)
+            left = os.fstat(f.fileno()).st_size - f.tell()
+            if size > left:  # checked first: a corrupt length must not allocate petabytes
+                raise SampleDecodeError(
+                    f"{path}: record {index} needs {size} bytes, the file holds {left}"
+                )
+            data = f.read(size)
+            try:
+                sample = decode_sample(data)
+            except SampleDecodeError as exc:
+                raise SampleDecodeError(f"{path}: record {index}: {exc}") from exc
+            yield sample
+            index += 1

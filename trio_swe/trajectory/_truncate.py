@@ -1,0 +1,59 @@
+"""Truncation of a sample to a token limit by slicing its views (O(1), no copy)."""
+
+from __future__ import annotations
+
+import copy
+
+from msgspec.structs import force_setattr
+
+from .._errors import InvalidArgumentError
+from ._records import Sample
+
+
+def truncate(sample: Sample, max_tokens: int) -> Sample:
+    """Keep the first ``max_tokens`` tokens of ``sample`` (slime's semantics), without copying.
+
+    The result's buffers are slices of the input's. If the sample already fits, it is returned
+    unchanged. Otherwise:
+
+    * if some of the response region survives, the result has ``status="truncated"`` (unless
+      the input was already aborted), ``response_length`` shrunk to what is left, and the
+      response-region buffers cut to match;
+    * if nothing of the response region survives (the prompt alone fills the limit), the result
+      is ``status="aborted"`` with ``response_length == 0`` and empty mask and log-probs, and
+      ``metadata["abort_reason"] == "prompt_exceeds_max_tokens"``; never a negative length.
+
+    Either way ``metadata["truncated_from"]`` records the original number of tokens, and the
+    result's tokens are a prefix of the input's.
+
+    Args:
+        sample: The sample to cut.
+        max_tokens: The largest number of tokens to keep (>= 0).
+
+    Raises:
+        InvalidArgumentError: ``max_tokens`` is not a non-negative int.
+    """
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 0:
+        raise InvalidArgumentError(f"max_tokens must be an int >= 0, not {max_tokens!r}")
+    n = len(sample.tokens)
+    if n <= max_tokens:
+        return sample
+    metadata = dict(sample.metadata)
+    metadata.setdefault("truncated_from", n)
+    keep = max_tokens - sample.prompt_length
+    if keep <= 0:
+        metadata["abort_reason"] = "prompt_exceeds_max_tokens"
+        keep, status = 0, "aborted"
+    else:
+        status = "aborted" if sample.status == "aborted" else "truncated"
+    # msgspec.structs.replace would rerun __post_init__, whose mask check is a pass over the
+    # mask (O(length)). Slices of a valid sample's buffers are valid by construction, so set
+    # them on a shallow copy (copy.copy of a Struct skips __post_init__): O(1) in the length.
+    out = copy.copy(sample)
+    force_setattr(out, "tokens", sample.tokens[:max_tokens])
+    force_setattr(out, "loss_mask", sample.loss_mask[:keep])
+    force_setattr(out, "rollout_log_probs", sample.rollout_log_probs[:keep])
+    force_setattr(out, "response_length", keep)
+    force_setattr(out, "status", status)
+    force_setattr(out, "metadata", metadata)
+    return out
