@@ -46,14 +46,21 @@ async def open_sandbox(
         ttl_sec=ttl_sec,
         metadata=dict(metadata or {}),
     )
-    async with trio.open_nursery() as nursery:
-        sandbox: Sandbox | None = None
-        try:
-            sandbox = await backend.create_sandbox(spec, nursery)
-            yield sandbox
-        finally:
-            nursery.cancel_scope.cancel()
-            if sandbox is not None:
-                with trio.CancelScope(shield=True) as scope:
-                    scope.deadline = trio.current_time() + kill_timeout_sec
-                    await sandbox.kill()
+    try:
+        async with trio.open_nursery() as nursery:
+            sandbox: Sandbox | None = None
+            try:
+                sandbox = await backend.create_sandbox(spec, nursery)
+                yield sandbox
+            finally:
+                nursery.cancel_scope.cancel()
+                if sandbox is not None:
+                    with trio.CancelScope(shield=True) as scope:
+                        scope.deadline = trio.current_time() + kill_timeout_sec
+                        await sandbox.kill()
+    except BaseExceptionGroup as group:
+        # The nursery is ours, not the caller's: give back the one error it wrapped, so
+        # `except SandboxBootError` (or the caller's own exception) works as written.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,7 @@ from .._types import SandboxSpec
 from .._validate import check_abs_path
 from ._image import ImageCache
 from ._rootfs import plan_root_args
-from ._sandbox import LocalSandbox
+from ._sandbox import LocalSandbox, kill_process_group
 from ._users import ROOT, group_with, passwd_with, pick_agent_user
 
 WorkspaceMode = Literal["auto", "overlay", "copy"]
@@ -39,6 +40,10 @@ _OVERLAY_THEN_EXEC = (
 )
 
 
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
 def _default_state_root() -> Path:
     return Path(tempfile.gettempdir()) / f"trio_swe-{os.getuid()}"
 
@@ -55,6 +60,9 @@ class LocalBackend:
         ro_binds: extra read-only mounts, sandbox path -> host path (e.g. shims at
             ``/opt/miniconda3/bin/activate``).
         extra_path: host directories put first on every command's ``PATH`` (e.g. a venv's bin).
+        host_paths: host paths to show at the same place even where the sandbox has its own
+            file system (``/tmp``); entries of ``extra_path`` and the running interpreter's
+            environment (``sys.prefix``) are shown this way too.
         env: environment of every command in every sandbox of this backend.
 
     Raises:
@@ -70,6 +78,7 @@ class LocalBackend:
         workspace: WorkspaceMode = "auto",
         ro_binds: Mapping[str, str] | None = None,
         extra_path: Sequence[str] = (),
+        host_paths: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
     ) -> None:
         self._root = Path(state_dir) if state_dir is not None else _default_state_root()
@@ -77,7 +86,11 @@ class LocalBackend:
         self._ro_binds = {
             check_abs_path(k, what="ro_binds target"): str(v) for k, v in (ro_binds or {}).items()
         }
-        self._extra_path = list(extra_path)
+        self._extra_path = [os.path.abspath(p) for p in extra_path]
+        shown = [*self._extra_path, *(os.path.abspath(p) for p in host_paths), sys.prefix]
+        # Only paths under the sandbox's private /tmp need a mount; the rest of the host root
+        # is visible already.
+        self._tmp_binds = sorted({p for p in shown if _under(p, "/tmp") and os.path.exists(p)})
         self._env = dict(env or {})
         self._images = ImageCache(self._root / "images")
         self._overlay_ok: bool | None = None
@@ -182,6 +195,9 @@ class LocalBackend:
                     stderr=subprocess.PIPE,
                     pass_fds=(info_w,),
                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                    # bwrap and its namespace init share this new process group, so one killpg
+                    # reaches the init even before we have learnt its pid.
+                    start_new_session=True,
                 )
             finally:
                 os.close(info_w)
@@ -204,8 +220,7 @@ class LocalBackend:
             self._stats["boot_failures"] += 1
             with trio.CancelScope(shield=True):
                 if bwrap is not None:
-                    if bwrap.returncode is None:
-                        bwrap.kill()
+                    kill_process_group(bwrap.pid)
                     await bwrap.wait()
                 await trio.to_thread.run_sync(shutil.rmtree, state, True)
             raise
@@ -250,6 +265,8 @@ class LocalBackend:
             agent.home: ("bind", str(home)),
             workdir: ("bind", str(workspace)),
         }
+        for path in self._tmp_binds:
+            mounts.setdefault(path, ("ro-bind", path))
         for target, host in self._ro_binds.items():
             mounts[target] = ("ro-bind", host)
         bwrap = ["bwrap", *plan_root_args(mounts)]

@@ -308,8 +308,7 @@ class LocalSandbox:
                 # The pid namespace's init: when it dies the kernel kills every process in the
                 # namespace, including daemons that called setsid.
                 _kill_pid(self._init_pid)
-                if self._bwrap.returncode is None:
-                    self._bwrap.send_signal(signal.SIGKILL)
+                kill_process_group(self._bwrap.pid)
                 await self._bwrap.wait()
                 for proc in list(self._processes):
                     await proc.aclose()
@@ -325,5 +324,13 @@ def _kill_pid(pid: int) -> None:
     """SIGKILL ``pid``; already gone is fine."""
     try:
         os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def kill_process_group(pgid: int) -> None:
+    """SIGKILL a whole process group; already gone is fine."""
+    try:
+        os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass

@@ -1,0 +1,66 @@
+"""Fixtures shared by every test package."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import AsyncIterator, Callable, Mapping
+from pathlib import Path
+
+import pytest
+
+from trio_swe.sandbox import Backend
+from trio_swe.sandbox.local import LocalBackend
+
+from .backends import BACKENDS
+
+GitRepoFactory = Callable[..., tuple[Path, str]]
+
+
+@pytest.fixture
+def local_backend() -> LocalBackend:
+    """A local (bubblewrap) backend."""
+    return LocalBackend()
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    """Every backend in tests/backends.py, in turn, for backend-agnostic suites."""
+    async with BACKENDS[request.param](tmp_path) as b:
+        yield b
+
+
+def git(repo: Path, *args: str) -> str:
+    """Run git in ``repo`` with a fixed identity; return stdout."""
+    env = {
+        **os.environ,
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    out = subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
+    return out.stdout.decode().strip()
+
+
+@pytest.fixture
+def make_git_repo(tmp_path: Path) -> GitRepoFactory:
+    """``make_git_repo(files, name="repo") -> (path, commit)``: a real git repo with one commit.
+
+    ``files`` maps relative paths to text. Call the returned repo's ``git`` helper
+    (``tests.conftest.git``) to add more commits.
+    """
+
+    def make(files: Mapping[str, str], name: str = "repo") -> tuple[Path, str]:
+        repo = tmp_path / name
+        repo.mkdir()
+        git(repo, "init", "-q", "-b", "main")
+        for rel, text in files.items():
+            path = repo / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        git(repo, "add", "-A")
+        git(repo, "commit", "-q", "-m", "initial")
+        return repo, git(repo, "rev-parse", "HEAD")
+
+    return make

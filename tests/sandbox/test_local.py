@@ -1,0 +1,224 @@
+"""The local backend: real bubblewrap sandboxes, real processes, real git repositories."""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_swe import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    SandboxBootError,
+    SandboxFileNotFoundError,
+    SandboxNotRunningError,
+    open_sandbox,
+)
+from trio_swe.sandbox.local import LocalBackend
+
+from ..conftest import GitRepoFactory, git
+
+
+def host_pids_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker`` (scoped to one test's processes)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def host_mounts_with(fragment: str) -> list[str]:
+    with open("/proc/self/mountinfo") as f:
+        return [line for line in f if fragment in line]
+
+
+@pytest.fixture
+def image(tmp_path: Path) -> Path:
+    img = tmp_path / "image"
+    img.mkdir()
+    (img / "hello.txt").write_text("hello\n")
+    return img
+
+
+async def test_exec_exit_codes_users_and_env(image: Path) -> None:
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        for code in (0, 1, 7, 255):
+            result = await sb.exec(f"exit {code}")
+            assert (result.exit_code, result.reason) == (code, "exit")
+        result = await sb.exec("cat hello.txt; pwd")
+        assert result.output == "hello\n/testbed\n"
+        killed = await sb.exec("kill -9 $$")
+        assert (killed.exit_code, killed.reason) == (137, "signal")
+        who = await sb.exec("id -un; echo $HOME", user="agent")
+        assert who.output == "agent\n/home/agent\n"
+        literal = 'it\'s "quoted" $(touch /tmp/pwned) `x` \n newline ü'
+        echoed = await sb.exec('printf %s "$V"; test ! -e /tmp/pwned', env={"V": literal})
+        assert echoed.output == literal
+        assert echoed.exit_code == 0
+        in_tmp = await sb.exec("pwd", cwd="/tmp")
+        assert in_tmp.output == "/tmp\n"
+
+
+async def test_bad_arguments_are_refused_before_running(image: Path) -> None:
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        with pytest.raises(InvalidArgumentError, match="environment variable name"):
+            await sb.exec("true", env={"BAD NAME": "x"})
+        with pytest.raises(InvalidArgumentError, match="unknown user"):
+            await sb.exec("true", user="nobody2")
+        with pytest.raises(InvalidArgumentError, match="absolute path"):
+            await sb.read_file("relative/path")
+        with pytest.raises(InvalidArgumentError, match="newline"):
+            await sb.write_file("/tmp/a\nb", b"x")
+
+
+async def test_files_round_trip_and_missing_file_raises(image: Path) -> None:
+    payload = bytes(range(256)) * 100
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        await sb.write_file("/tmp/deep/dir/blob.bin", payload, mode=0o640)
+        assert await sb.read_file("/tmp/deep/dir/blob.bin") == payload
+        mode = await sb.exec("stat -c %a /tmp/deep/dir/blob.bin")
+        assert mode.output.strip() == "640"
+        await sb.write_file("/home/agent/note.txt", "by agent", user="agent")
+        owner = await sb.exec("stat -c %U /home/agent/note.txt")
+        assert owner.output.strip() == "agent"
+        assert await sb.read_file("/testbed/hello.txt") == b"hello\n"
+        await sb.write_file("/tmp/empty", b"")
+        assert await sb.read_file("/tmp/empty") == b""
+        with pytest.raises(SandboxFileNotFoundError):
+            await sb.read_file("/testbed/missing.txt")
+
+
+async def test_writes_never_reach_the_image_and_sandboxes_are_isolated(image: Path) -> None:
+    backend = LocalBackend()
+    async with open_sandbox(backend, str(image)) as a, open_sandbox(backend, str(image)) as b:
+        await a.exec("echo from-a > hello.txt && echo new > only-a.txt && rm -f gone.txt")
+        assert (await b.exec("cat hello.txt")).output == "hello\n"
+        assert (await b.exec("test -e only-a.txt")).exit_code == 1
+        assert (await a.exec("cat hello.txt")).output == "from-a\n"
+        assert a.statistics()["workspace_mode"] in ("overlay", "copy")
+    assert (image / "hello.txt").read_text() == "hello\n"
+    assert sorted(os.listdir(image)) == ["hello.txt"]
+
+
+async def test_copy_workspace_mode(image: Path, tmp_path: Path) -> None:
+    backend = LocalBackend(workspace="copy", state_dir=tmp_path / "state")
+    async with open_sandbox(backend, str(image)) as sb:
+        await sb.exec("echo changed > hello.txt")
+        assert sb.statistics()["workspace_mode"] == "copy"
+    assert (image / "hello.txt").read_text() == "hello\n"
+    assert backend.statistics()["workspace_mode"] == "copy"
+
+
+async def test_git_image_at_commit(make_git_repo: GitRepoFactory) -> None:
+    repo, first = make_git_repo({"pkg/mod.py": "VALUE = 1\n"})
+    (repo / "pkg/mod.py").write_text("VALUE = 2\n")
+    git(repo, "commit", "-qam", "second")
+    async with open_sandbox(LocalBackend(), f"{repo}@{first}") as sb:
+        assert (await sb.exec("cat pkg/mod.py")).output == "VALUE = 1\n"
+        head = await sb.exec("git rev-parse HEAD && git status --porcelain", user="agent")
+        assert head.output == f"{first}\n"
+    with pytest.raises(SandboxBootError, match="git"):
+        async with open_sandbox(LocalBackend(), f"{repo}@no-such-commit"):
+            pass
+
+
+async def test_kill_removes_daemons_mounts_and_state(image: Path, tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    state = tmp_path / "state"
+    backend = LocalBackend(state_dir=state)
+    async with open_sandbox(backend, str(image)) as sb:
+        spawn = await sb.exec(
+            f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 & "
+            f"(setsid nohup sh -c 'sleep 1001; : {marker}' </dev/null >/dev/null 2>&1 &) ; echo started"
+        )
+        assert spawn.output == "started\n"
+        daemons = await sb.exec(f"pgrep -f 'sleep 100[01]; : {marker}' | wc -l")
+        assert daemons.output.strip() == "2"
+        assert len(host_pids_with(marker)) == 2
+    assert host_pids_with(marker) == []
+    assert host_mounts_with(str(state)) == []
+    assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
+    with pytest.raises(SandboxNotRunningError):
+        await sb.exec("true")
+    await sb.kill()  # killing twice is fine
+
+
+async def test_exec_timeout_kills_the_command(image: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        result = await sb.exec(f"sleep 1000; echo never {marker}", timeout=0.3)
+        assert (result.exit_code, result.reason) == (-1, "timeout")
+        assert host_pids_with(marker) == []
+
+
+async def test_network_off(image: Path) -> None:
+    async with open_sandbox(LocalBackend(), str(image), network=False) as sb:
+        devices = await sb.exec("tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' '")
+        assert devices.output.split() == ["lo"]
+
+
+async def test_keyboard_interrupt_kills_sandbox(image: Path, tmp_path: Path) -> None:
+    marker = f"marker-{uuid.uuid4().hex}"
+    state = tmp_path / "state"
+    with pytest.raises(KeyboardInterrupt):
+        async with open_sandbox(LocalBackend(state_dir=state), str(image)) as sb:
+            await sb.exec(f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &")
+            assert len(host_pids_with(marker)) == 1
+            raise KeyboardInterrupt
+    assert host_pids_with(marker) == []
+    assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
+
+
+async def test_cancellation_at_random_points_leaves_nothing(image: Path, tmp_path: Path) -> None:
+    rng = random.Random(1234)
+    state = tmp_path / "state"
+    backend = LocalBackend(state_dir=state)
+    marker = f"marker-{uuid.uuid4().hex}"
+    for _ in range(100):
+        with trio.move_on_after(rng.uniform(0, 0.15)):
+            async with open_sandbox(backend, str(image)) as sb:
+                await sb.exec(f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &")
+                await sb.exec(f"sleep 1000; : {marker}")
+    assert host_pids_with(marker) == []
+    assert host_pids_with(str(state)) == []
+    assert host_mounts_with(str(state)) == []
+    assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
+    stats = backend.statistics()
+    assert stats["live"] == 0
+    assert stats["created"] == stats["killed"]
+
+
+async def test_missing_bwrap_names_the_package(
+    image: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(BackendUnavailableError, match="bubblewrap"):
+        async with open_sandbox(LocalBackend(), str(image)):
+            pass
+
+
+async def test_extra_path_and_ro_binds(image: Path, tmp_path: Path) -> None:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "mytool").write_text("#!/bin/sh\necho mytool-ran\n")
+    (tools / "mytool").chmod(0o755)
+    shim = tmp_path / "activate"
+    shim.write_text("echo activated\n")
+    backend = LocalBackend(
+        extra_path=[str(tools)], ro_binds={"/opt/miniconda3/bin/activate": str(shim)}
+    )
+    async with open_sandbox(backend, str(image)) as sb:
+        assert (await sb.exec("mytool")).output == "mytool-ran\n"
+        assert (await sb.exec(". /opt/miniconda3/bin/activate")).output == "activated\n"
+        assert (await sb.exec("echo x > /opt/miniconda3/bin/activate")).exit_code != 0
