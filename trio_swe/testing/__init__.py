@@ -1,0 +1,31 @@
+"""Test tools shipped with trio_swe, for trio_swe's own tests and for users' tests.
+
+:func:`open_envd_server` serves a local, envd-compatible server on loopback: E2B's REST
+lifecycle API and envd's process and file APIs, executing real processes in local sandboxes,
+with seeded fault injection (:class:`FaultPlan`, :class:`Fault`) from HTTP status codes down to
+HTTP/2 frames. Point the official ``e2b`` SDK or :class:`trio_swe.sandbox.e2b.E2BBackend` at it
+with :meth:`EnvdServer.sdk_env`. See ``docs/testing.md``.
+"""
+
+from ._envd._faults import (
+    CANCEL,
+    INTERNAL_ERROR,
+    NO_ERROR,
+    REFUSED_STREAM,
+    Fault,
+    FaultKind,
+    FaultPlan,
+)
+from ._envd._server import EnvdServer, open_envd_server
+
+__all__ = [
+    "CANCEL",
+    "INTERNAL_ERROR",
+    "NO_ERROR",
+    "REFUSED_STREAM",
+    "EnvdServer",
+    "Fault",
+    "FaultKind",
+    "FaultPlan",
+    "open_envd_server",
+]

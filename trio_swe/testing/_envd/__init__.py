@@ -1,0 +1,1 @@
+"""Private implementation of :mod:`trio_swe.testing`'s envd-compatible server."""

@@ -1,0 +1,269 @@
+"""``open_envd_server``: hypercorn (trio worker) serving the envd app, optionally behind the
+HTTP/2 fault proxy, on loopback with an ephemeral port."""
+
+from __future__ import annotations
+
+import logging
+import os
+import ssl
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ..._errors import ConfigError, InvalidArgumentError
+from ...sandbox._protocol import Backend
+from ._app import EnvdApp, FaultHandoff
+from ._faults import FaultPlan
+from ._registry import SandboxRegistry
+
+_log = logging.getLogger("trio_swe.testing")
+
+
+class EnvdServer:
+    """A running local envd-compatible server. Obtain it from :func:`open_envd_server`.
+
+    Attributes:
+        api_url: base URL of the REST lifecycle API (``E2B_API_URL``).
+        sandbox_url: base URL of envd for every sandbox (``E2B_SANDBOX_URL``); requests pick
+            their sandbox with the ``E2b-Sandbox-Id`` header, as through E2B's edge.
+        domain: the domain reported in REST answers (``E2B_DOMAIN``).
+        api_key: the accepted ``X-API-Key`` (``E2B_API_KEY``), or ``None`` for no check.
+        faults: the live :class:`FaultPlan`; add or clear rules while the server runs.
+        ca_path: with ``tls=True``, a PEM file of the CA that signed the server's certificate
+            (point ``SSL_CERT_FILE`` at it); otherwise ``None``.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        domain: str,
+        api_key: str | None,
+        app: EnvdApp,
+        registry: SandboxRegistry,
+        plan: FaultPlan,
+        ca: Any | None,
+        ca_path: str | None,
+        proxy: Any | None,
+    ) -> None:
+        self.api_url = url
+        self.sandbox_url = url
+        self.domain = domain
+        self.api_key = api_key
+        self.faults = plan
+        self.ca_path = ca_path
+        self._ca = ca
+        self._app = app
+        self._registry = registry
+        self._proxy = proxy
+
+    def live_sandbox_ids(self) -> list[str]:
+        """Ids of the sandboxes alive now."""
+        return self._registry.live_ids()
+
+    def statistics(self) -> dict[str, Any]:
+        """Counters: requests by path, streams, sandboxes, processes, faults injected."""
+        stats = self._app.stats
+        out: dict[str, Any] = {
+            "requests": sum(stats.requests.values()),
+            "requests_by_path": dict(stats.requests),
+            "streams_open": stats.streams_open,
+            "streams_total": stats.streams_total,
+            "live_sandboxes": len(self._registry),
+            "sandboxes_created": self._registry.created,
+            "sandboxes_killed": self._registry.killed,
+            "sandboxes_reclaimed": self._registry.reclaimed,
+            "processes_running": self._registry.process_count(),
+            "faults_injected": dict(self.faults.injected()),
+        }
+        if self._proxy is not None:
+            out["proxy"] = self._proxy.statistics()
+        return out
+
+    def client_ssl_context(self) -> ssl.SSLContext:
+        """An SSL context for clients that trusts the server's CA (``tls=True`` only).
+
+        Raises:
+            ConfigError: the server runs without TLS.
+        """
+        if self._ca is None:
+            raise ConfigError("the server was opened with tls=False")
+        ctx = ssl.create_default_context()
+        self._ca.configure_trust(ctx)
+        return ctx
+
+    def sdk_env(self, *, debug: bool = False) -> dict[str, str]:
+        """Environment variables that point the official ``e2b`` SDK (and
+        ``trio_swe``'s E2B backend) at this server."""
+        env = {
+            "E2B_API_URL": self.api_url,
+            "E2B_SANDBOX_URL": self.sandbox_url,
+            "E2B_DOMAIN": self.domain,
+            "E2B_API_KEY": self.api_key or "unused",
+        }
+        if debug:
+            env["E2B_DEBUG"] = "true"
+        if self.ca_path is not None:
+            env["SSL_CERT_FILE"] = self.ca_path
+        return env
+
+    def sandbox_env(self, sandbox_id: str) -> Mapping[str, str]:
+        """The environment variables the sandbox was created with."""
+        entry = self._registry.get(sandbox_id)
+        return {} if entry is None else dict(entry.env)
+
+
+def _default_backend() -> Backend:
+    try:
+        from ...sandbox.local import LocalBackend
+    except ImportError as exc:  # pragma: no cover - the local backend ships with trio_swe
+        raise ConfigError(f"the local backend is unavailable: {exc}") from exc
+    backend: Backend = LocalBackend()
+    return backend
+
+
+@asynccontextmanager
+async def open_envd_server(
+    *,
+    backend: Backend | None = None,
+    templates: Mapping[str, str] | None = None,
+    api_key: str | None = "test-key",
+    tls: bool = False,
+    http2: bool = True,
+    faults: FaultPlan | None = None,
+    fault_proxy: bool | None = None,
+    sandbox_ttl_sec: float = 300.0,
+    process_retention_sec: float = 30.0,
+    default_user: str = "root",
+    workdir: str = "/testbed",
+    domain: str = "localhost",
+    debug_template: str | None = "base",
+    max_concurrent_streams: int = 100,
+    host: str = "127.0.0.1",
+) -> AsyncIterator[EnvdServer]:
+    """Serve E2B's REST lifecycle API and envd's process/file APIs on loopback.
+
+    Every sandbox is a real sandbox of ``backend`` (by default a
+    :class:`trio_swe.sandbox.local.LocalBackend`); commands are real processes. On exit every
+    sandbox is killed.
+
+    Args:
+        backend: where sandboxes come from. Its sandboxes must offer
+            ``start_process(argv, *, user, env, cwd, stdin)`` (the local backend does).
+        templates: template name -> image (a directory or ``path@commit``). ``None``: every
+            template name boots an empty directory.
+        api_key: the ``X-API-Key`` the REST API accepts; ``None`` accepts anything.
+        tls: serve HTTPS with a certificate from a fresh trustme CA (ALPN ``h2``,
+            ``http/1.1``); see :attr:`EnvdServer.ca_path`. Otherwise plain HTTP/1.1 and h2c
+            (prior knowledge).
+        http2: offer ``h2`` in ALPN (TLS only; h2c prior knowledge always works).
+        faults: the fault plan (see :class:`FaultPlan`); empty plan when ``None``.
+        fault_proxy: put the HTTP/2 frame-level fault proxy in front of hypercorn. Default:
+            on when ``faults`` is given. Without it HTTP/2 requests only get app-level faults.
+        sandbox_ttl_sec: timeout of a sandbox created without one.
+        process_retention_sec: how long a finished process's end event stays available to
+            ``Connect`` (envd: 30 s).
+        default_user: the user of requests that name none.
+        workdir: workdir of every sandbox (where the template's image is mounted).
+        domain: the domain reported in REST answers.
+        debug_template: template of the sandbox lazily created for the SDK's debug-mode id
+            ``debug_sandbox_id``; ``None`` refuses debug mode.
+        max_concurrent_streams: HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS`` (E2B's edge: 100).
+        host: loopback address to bind.
+
+    Yields:
+        The running :class:`EnvdServer`.
+    """
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        raise InvalidArgumentError(f"the test server binds loopback only, not {host!r}")
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    plan = faults if faults is not None else FaultPlan()
+    use_proxy = (faults is not None) if fault_proxy is None else fault_proxy
+    handoff = FaultHandoff()
+    with tempfile.TemporaryDirectory(prefix="trio-swe-envd-") as tmp:
+        default_image = os.path.join(tmp, "empty-template")
+        os.mkdir(default_image)
+        ca = cert = None
+        ca_path = None
+        if tls:
+            import trustme
+
+            ca = trustme.CA()
+            cert = ca.issue_cert("127.0.0.1", "localhost", "::1")
+            ca_path = os.path.join(tmp, "ca.pem")
+            ca.cert_pem.write_to_path(ca_path)
+        async with trio.open_nursery() as nursery:
+            registry = SandboxRegistry(
+                backend if backend is not None else _default_backend(),
+                nursery,
+                workdir=workdir,
+                retention_sec=process_retention_sec,
+            )
+            app = EnvdApp(
+                registry=registry,
+                plan=plan,
+                handoff=handoff,
+                api_key=api_key,
+                templates=templates,
+                default_image=default_image,
+                default_ttl_sec=sandbox_ttl_sec,
+                default_user=default_user,
+                domain=domain,
+                debug_template=debug_template,
+            )
+            config = Config()
+            config.bind = [f"{host}:0"] if ":" not in host else [f"[{host}]:0"]
+            config.accesslog = None
+            config.errorlog = _log
+            config.h2_max_concurrent_streams = max_concurrent_streams
+            config.keep_alive_timeout = 650.0
+            config.graceful_timeout = 0.5
+            config.include_server_header = False
+            config.alpn_protocols = ["h2", "http/1.1"] if http2 else ["http/1.1"]
+            if tls and not use_proxy:
+                assert cert is not None
+                key_path = os.path.join(tmp, "key.pem")
+                cert_path = os.path.join(tmp, "cert.pem")
+                cert.private_key_pem.write_to_path(key_path)
+                cert.cert_chain_pems[0].write_to_path(cert_path)
+                config.certfile = cert_path
+                config.keyfile = key_path
+            binds: list[str] = await nursery.start(serve, app, config)
+            upstream = binds[0]
+            port = int(upstream.rsplit(":", 1)[1])
+            proxy = None
+            if use_proxy:
+                from ._h2proxy import FaultProxy
+
+                ssl_ctx = None
+                if tls:
+                    assert cert is not None
+                    ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                    cert.configure_cert(ssl_ctx)
+                    ssl_ctx.set_alpn_protocols(config.alpn_protocols)
+                proxy = FaultProxy(
+                    upstream=(host, port), plan=plan, handoff=handoff, ssl_context=ssl_ctx
+                )
+                port = await nursery.start(proxy.serve, host)
+            scheme = "https" if tls else "http"
+            netloc = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+            server = EnvdServer(
+                url=f"{scheme}://{netloc}",
+                domain=domain,
+                api_key=api_key,
+                app=app,
+                registry=registry,
+                plan=plan,
+                ca=ca,
+                ca_path=ca_path,
+                proxy=proxy,
+            )
+            try:
+                yield server
+            finally:
+                nursery.cancel_scope.cancel()
