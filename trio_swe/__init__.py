@@ -29,6 +29,8 @@ from .sandbox import (
 
 # --- sandbox/local (issue 2) ---
 # --- sandbox/detached (issue 2) ---
+from .sandbox import exec_and_wait
+
 # --- trajectory (issue 3) ---
 from .trajectory import (
     BuilderStatistics,

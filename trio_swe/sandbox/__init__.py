@@ -1,5 +1,6 @@
 """Sandboxes: the protocol, ``open_sandbox``, backends and detached execution."""
 
+from ._detached import exec_and_wait
 from ._open import open_sandbox
 from ._protocol import Backend, Sandbox
 from ._types import EXIT_TIME_BUDGET_EXCEEDED, ExecReason, ExecResult, SandboxSpec
@@ -11,5 +12,6 @@ __all__ = [
     "ExecResult",
     "Sandbox",
     "SandboxSpec",
+    "exec_and_wait",
     "open_sandbox",
 ]

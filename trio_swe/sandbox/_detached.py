@@ -1,0 +1,363 @@
+"""``exec_and_wait``: run long commands detached from the RPC stream, never losing the exit code.
+
+The I/O half of detached execution; the scripts and reply parsing live in
+:mod:`trio_swe.sandbox._launcher` (sans-IO). Only the :class:`~trio_swe.Sandbox` protocol is used
+(``exec``, ``write_file``, ``read_file``), so this works on every backend.
+
+One call makes these RPCs:
+
+1. ``write_file`` of the command file (replay-safe: it replaces);
+2. one ``exec`` of the spawn script (``idempotent=True``: an atomic lock in the sandbox turns a
+   replay into a no-op), which returns once the launcher holds its lock;
+3. one ``exec`` per ``poll_interval_sec`` of the wait script, from a poller task in the sandbox's
+   nursery; each blocks in the sandbox until the launcher exits (``flock``), so the end of the
+   command is seen at once;
+4. ``read_file`` of the output when ``want_output``; then one ``exec`` removing the directory.
+
+On budget overrun, outside cancellation or any error, one ``exec`` of the kill script (under a
+shielded, time-bounded cancel scope) kills every process of the call and removes its files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import trio
+
+from .._errors import (
+    DetachedCommandLostError,
+    InvalidArgumentError,
+    SandboxError,
+    SandboxNotRunningError,
+)
+from ._launcher import (
+    DEFAULT_TAIL_BYTES,
+    Plan,
+    Reply,
+    check_budget,
+    cleanup_script,
+    kill_script,
+    make_plan,
+    parse_done,
+    parse_killed,
+    parse_reply,
+    spawn_script,
+    wait_script,
+)
+from ._protocol import Sandbox
+from ._types import EXIT_TIME_BUDGET_EXCEEDED, ExecResult
+
+#: RPC timeout of the spawn, kill and cleanup scripts (they take milliseconds when healthy).
+SCRIPT_TIMEOUT_SEC = 60.0
+#: Upper bound of the shielded kill/cleanup after a cancellation or an overrun.
+KILL_TIMEOUT_SEC = 30.0
+#: Extra RPC timeout of a wait script beyond its in-sandbox wait.
+_WAIT_RPC_SLACK_SEC = 30.0
+#: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
+MAX_POLL_INTERVAL_SEC = 300.0
+
+
+async def exec_and_wait(
+    sb: Sandbox,
+    cmd: str,
+    *,
+    time_budget_sec: float,
+    tag: str | None = None,
+    user: str | None = None,
+    env: Mapping[str, str] | None = None,
+    workdir: str | None = None,
+    want_output: bool = False,
+    poll_interval_sec: float = 20.0,
+) -> ExecResult:
+    """Run ``cmd`` detached in ``sb`` and wait for it, at most ``time_budget_sec`` seconds.
+
+    The command runs in its own session, started by a launcher that records the exit status in a
+    done marker (written to a temporary name, then renamed). No RPC stream stays open longer than
+    ``poll_interval_sec``, so gateways that cut long streams cannot lose the exit code, and every
+    RPC is safe to replay. The command's end is noticed within milliseconds plus one RPC's latency.
+
+    Args:
+        sb: any sandbox.
+        cmd: a shell script, run with ``bash`` (``sh`` if the sandbox has no bash), stdin
+            ``/dev/null``, stdout and stderr merged. Its status is what ``bash -c cmd`` returns:
+            the last command's, ``128 + n`` if killed by signal ``n``.
+        time_budget_sec: wall-clock budget of the whole call (``math.inf`` for none). On overrun
+            every process of the command is killed (even ``setsid`` daemons that keep the
+            ``TRIO_SWE_RUN`` environment variable or the launcher's session) and the result has
+            ``exit_code == EXIT_TIME_BUDGET_EXCEEDED`` (-1) and ``reason == "time_budget"``.
+        tag: names the call's files (``[A-Za-z0-9_.-]``, at most 64). Default: a fresh uuid.
+            Calls with the same tag must not overlap; a tag still in use raises
+            :class:`InvalidArgumentError`.
+        user: the sandbox user to run as (default: the backend's default user).
+        env: extra environment variables of the command.
+        workdir: where the command starts (default: the sandbox's workdir).
+        want_output: return the full output; otherwise the output is ``""`` on success and the
+            last 4 KiB (``output_truncated`` set when longer) on failure or overrun.
+        poll_interval_sec: the longest a single wait RPC blocks in the sandbox.
+
+    Returns:
+        The command's :class:`ExecResult`, with ``tag`` set. A non-zero exit is a result.
+
+    Raises:
+        InvalidArgumentError: a bad argument (before anything runs), a missing workdir, or a tag
+            in use by another call.
+        DetachedCommandLostError: the launcher died without writing its done marker.
+        SandboxError: the sandbox failed (unreachable, gone, or the kill did not complete).
+        trio.Cancelled: cancelled from outside; the command was killed first.
+    """
+    budget = check_budget(time_budget_sec, "time_budget_sec")
+    poll = check_budget(poll_interval_sec, "poll_interval_sec")
+    if not 0 < poll <= MAX_POLL_INTERVAL_SEC:
+        raise InvalidArgumentError(
+            f"poll_interval_sec must be in (0, {MAX_POLL_INTERVAL_SEC:g}], got {poll_interval_sec!r}"
+        )
+    plan = make_plan(
+        cmd, workdir=workdir if workdir is not None else sb.workdir, tag=tag, user=user, env=env
+    )
+    return await _Call(sb, plan, want_output=want_output, poll_sec=poll).run(budget)
+
+
+class _Mailbox:
+    """Hands the poller task's result to the waiting caller."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.reply: Reply | None = None
+        self.error: Exception | None = None
+
+
+class _Call:
+    """One ``exec_and_wait`` call: its plan and the state needed to clean up after it."""
+
+    def __init__(self, sb: Sandbox, plan: Plan, *, want_output: bool, poll_sec: float) -> None:
+        self.sb = sb
+        self.plan = plan
+        self.want_output = want_output
+        self.poll_sec = poll_sec
+        self.started = trio.current_time()
+        self.touched = False  # an RPC that may have created files was sent
+        self.kill_error: BaseException | None = None
+
+    async def run(self, budget: float) -> ExecResult:
+        kill_reply: Reply | None = None
+        with trio.move_on_after(budget) as budget_scope:
+            try:
+                await self._spawn()
+                reply = await self._wait()
+            except BaseException:
+                # Overrun (our own Cancelled), outside cancellation, or an error: kill first.
+                overrun = budget_scope.cancel_called
+                kill_reply = await self._kill(keep_files=overrun and self.want_output)
+                raise
+        if budget_scope.cancelled_caught:
+            return await self._overrun(kill_reply)
+        return await self._finish(reply)
+
+    # -- steps ------------------------------------------------------------------------------
+    async def _spawn(self) -> None:
+        plan = self.plan
+        self.touched = True
+        await self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user, mode=0o600)
+        result = await self.sb.exec(
+            spawn_script(plan), user=plan.user, cwd="/", timeout=SCRIPT_TIMEOUT_SEC, idempotent=True
+        )
+        reply = self._reply(result, "spawn")
+        if reply.state in ("started", "replay"):
+            return
+        if reply.state == "busy":
+            raise InvalidArgumentError(
+                f"tag {plan.tag!r} is in use by another exec_and_wait call in sandbox {self.sb.id}"
+            )
+        if reply.state == "noworkdir":
+            raise InvalidArgumentError(
+                f"workdir {plan.workdir!r} does not exist or cannot be entered by "
+                f"user {plan.user or '(default)'} in sandbox {self.sb.id}"
+            )
+        if reply.state == "nosetsid":
+            raise SandboxError(f"sandbox {self.sb.id} has no setsid(1); install util-linux")
+        raise SandboxError(
+            f"detached spawn of {plan.tag!r} failed ({reply.state}): {reply.tail[-500:]!r}"
+        )
+
+    async def _wait(self) -> Reply:
+        """Run the poller in the sandbox's nursery and wait for its verdict."""
+        box = _Mailbox()
+        scope = trio.CancelScope()
+
+        async def poller() -> None:
+            with scope:
+                try:
+                    box.reply = await self._poll()
+                except Exception as exc:  # handed to the caller, never to the sandbox's nursery
+                    box.error = exc
+                finally:
+                    box.event.set()
+
+        try:
+            self.sb.nursery.start_soon(poller)
+        except RuntimeError as exc:  # the nursery is closed: the sandbox is shutting down
+            raise SandboxNotRunningError(f"sandbox {self.sb.id} is closing") from exc
+        try:
+            await box.event.wait()
+        finally:
+            scope.cancel()
+        if box.error is not None:
+            raise box.error
+        if box.reply is None:
+            raise SandboxNotRunningError(
+                f"sandbox {self.sb.id} closed while waiting for {self.plan.tag!r}"
+            )
+        return box.reply
+
+    async def _poll(self) -> Reply:
+        """Long-poll the launcher until it is done; raise if it is lost."""
+        plan = self.plan
+        script = wait_script(
+            plan,
+            wait_sec=self.poll_sec,
+            tail_bytes=DEFAULT_TAIL_BYTES,
+            tail_when="never" if self.want_output else "nonzero",
+        )
+        suspicious = 0
+        backoff = 0.05
+        while True:
+            t0 = trio.current_time()
+            result = await self.sb.exec(
+                script,
+                user=plan.user,
+                cwd="/",
+                timeout=self.poll_sec + _WAIT_RPC_SLACK_SEC,
+                idempotent=True,
+            )
+            if result.reason == "timeout":
+                continue  # the RPC itself overran; the command may still run: ask again
+            reply = self._reply(result, "wait")
+            if reply.state == "done":
+                return reply
+            if reply.state == "running":
+                # A "running" reply normally comes after the full in-sandbox wait. If it came
+                # back early (flock failing?), back off so a broken wait cannot flood the sandbox.
+                if trio.current_time() - t0 < self.poll_sec / 2:
+                    await trio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                else:
+                    backoff = 0.05
+                continue
+            # lost / unspawned / gone: look once more before declaring the command lost.
+            suspicious += 1
+            if suspicious >= 2:
+                raise DetachedCommandLostError(
+                    f"detached command {plan.tag!r} in sandbox {self.sb.id} is {reply.state}: "
+                    "its launcher ended without writing the done marker"
+                )
+
+    async def _finish(self, reply: Reply) -> ExecResult:
+        status, size = parse_done(reply, nonce=self.plan.nonce)
+        try:
+            output, truncated = await self._output(reply.tail, status, size)
+        except BaseException:
+            await self._cleanup()
+            raise
+        await self._cleanup()
+        return ExecResult(
+            exit_code=status,
+            output=output,
+            reason="exit",
+            duration_sec=trio.current_time() - self.started,
+            output_truncated=truncated,
+            tag=self.plan.tag,
+        )
+
+    async def _overrun(self, kill_reply: Reply | None) -> ExecResult:
+        if kill_reply is None:
+            raise SandboxError(
+                f"detached command {self.plan.tag!r} overran its budget and could not be killed "
+                f"in sandbox {self.sb.id}"
+            ) from self.kill_error
+        if kill_reply.state == "done":  # it finished just as the budget ran out
+            return await self._finish(kill_reply)
+        tail, size = "", 0
+        if kill_reply.state == "killed":
+            _, size = parse_killed(kill_reply)
+            tail = kill_reply.tail
+        try:
+            if self.want_output and kill_reply.state == "killed":
+                output, truncated = await self._output("", 0, size, force_full=True)
+            else:
+                output, truncated = tail, size > DEFAULT_TAIL_BYTES
+        finally:
+            if self.want_output:
+                await self._cleanup()
+        return ExecResult(
+            exit_code=EXIT_TIME_BUDGET_EXCEEDED,
+            output=output,
+            reason="time_budget",
+            duration_sec=trio.current_time() - self.started,
+            output_truncated=truncated,
+            tag=self.plan.tag,
+        )
+
+    async def _output(
+        self, tail: str, status: int, size: int, *, force_full: bool = False
+    ) -> tuple[str, bool]:
+        """``(output, truncated)`` per the want_output rules."""
+        if self.want_output or force_full:
+            data = await self.sb.read_file(self.plan.out_path, user=self.plan.user)
+            return data.decode("utf-8", errors="replace"), False
+        if status == 0:
+            return "", False
+        return tail, size > DEFAULT_TAIL_BYTES
+
+    # -- cleanup ----------------------------------------------------------------------------
+    async def _kill(self, *, keep_files: bool) -> Reply | None:
+        """Kill the call's processes and (unless ``keep_files``) remove its directory.
+
+        Shielded from outside cancellation and bounded by ``KILL_TIMEOUT_SEC``. Returns the kill
+        script's reply, or None (and records ``kill_error``) when it could not run.
+        """
+        if not self.touched:
+            return None if self.kill_error else Reply(state="gone", fields=("0",), tail="")
+        script = kill_script(self.plan, remove=not keep_files, tail_bytes=DEFAULT_TAIL_BYTES)
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + KILL_TIMEOUT_SEC):
+            try:
+                result = await self.sb.exec(
+                    script,
+                    user=self.plan.user,
+                    cwd="/",
+                    timeout=SCRIPT_TIMEOUT_SEC,
+                    idempotent=True,
+                )
+                return self._reply(result, "kill")
+            except Exception as exc:
+                self.kill_error = exc
+                return None
+        self.kill_error = SandboxError(
+            f"killing detached command {self.plan.tag!r} took over {KILL_TIMEOUT_SEC:g} s"
+        )
+        return None
+
+    async def _cleanup(self) -> None:
+        """Remove the call's directory; shielded, bounded, best-effort (the result is known)."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + KILL_TIMEOUT_SEC):
+            try:
+                await self.sb.exec(
+                    cleanup_script(self.plan),
+                    user=self.plan.user,
+                    cwd="/",
+                    timeout=SCRIPT_TIMEOUT_SEC,
+                    idempotent=True,
+                )
+            except SandboxError:
+                pass  # a leftover directory in a broken sandbox must not hide a known result
+
+    def _reply(self, result: ExecResult, step: str) -> Reply:
+        if result.reason == "timeout":
+            raise SandboxError(
+                f"detached {step} script of {self.plan.tag!r} timed out in sandbox {self.sb.id}"
+            )
+        if result.exit_code != 0:
+            raise SandboxError(
+                f"detached {step} script of {self.plan.tag!r} failed in sandbox {self.sb.id} "
+                f"(exit {result.exit_code}): {result.output[-500:]!r}"
+            )
+        return parse_reply(result.output)
