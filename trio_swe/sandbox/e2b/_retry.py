@@ -35,6 +35,14 @@ _REFUSED_STREAM: Final = 0x7
 STREAM_ID_ATTR: Final = "_trio_swe_stream_id"
 
 
+class StreamIdleTimeout(httpx.ReadTimeout):
+    """Our own watchdog fired: a stream or request sent nothing for too long.
+
+    On HTTP/2 httpx's read timeout cannot see a silent stream (the connection's other streams
+    keep the socket busy), so the envd client bounds each read with a cancel scope instead.
+    """
+
+
 class Failure(msgspec.Struct, frozen=True):
     """How one failure is handled.
 
@@ -80,6 +88,9 @@ def _has_cause(exc: BaseException, types: tuple[type[BaseException], ...]) -> bo
 
 def _connect_failure(exc: _connect.ConnectError) -> Failure:
     status = exc.http_status
+    if status == 502 and "not found" in exc.message.lower():
+        # The edge's "The sandbox was not found": it is gone, retrying cannot help.
+        return Failure("sandbox_gone", False, True)
     if status == 429 or (status is None and exc.code == "resource_exhausted"):
         return Failure("http_429", True, False, retry_after=exc.retry_after)
     if status in (502, 503) or (status == 200 and exc.code == "unavailable"):
@@ -112,6 +123,8 @@ _TABLE: Final[list[tuple[str, tuple[type[BaseException], ...], bool, bool, bool]
     # h2 refused to open another stream locally ("Max outbound streams"): never sent.
     ("local_protocol", (httpx.LocalProtocolError,), True, False, True),
     # Sent, maybe processed.
+    # A silent stream may be a silent connection: put no new streams on it.
+    ("stream_idle", (StreamIdleTimeout,), True, True, True),
     ("read_timeout", (httpx.ReadTimeout,), True, True, False),
     ("write_timeout", (httpx.WriteTimeout,), True, True, False),
     ("remote_protocol", (httpx.RemoteProtocolError,), True, True, True),  # refined below

@@ -1,0 +1,278 @@
+"""``E2BBackend``: sandboxes from E2B (or anything speaking its REST API and envd), on trio."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import ssl
+import uuid
+from types import TracebackType
+from typing import Any, Final
+
+import trio
+
+from ..._errors import ConfigError, SandboxBootError
+from .._types import SandboxSpec
+from . import _connect
+from ._envd import ENVD_PORT, EnvdClient
+from ._pool import DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION, ConnectionPool
+from ._rest import RestClient
+from ._retry import RetryPolicy, RetryStats
+from ._sandbox import DEFAULT_MAX_OUTPUT_BYTES, E2BSandbox
+
+#: E2B's own domains route every sandbox through one origin, ``https://sandbox.<domain>``.
+_SHARED_ORIGIN_DOMAINS: Final = frozenset(
+    {
+        "e2b.app",
+        "e2b.dev",
+        "e2b.pro",
+        "e2b-staging.dev",
+        "e2b-tango.dev",
+        "e2b-juliett.dev",
+        "foxtrot-2.e2b.dev",
+    }
+)
+_USER_AGENT: Final = "trio-swe-e2b/0.1"
+
+
+def _env_bool(name: str) -> bool:
+    return os.environ.get(name, "false").strip().lower() in ("1", "true", "yes")
+
+
+class E2BBackend:
+    """Sandboxes on E2B, through its REST API (lifecycle) and envd (processes, files).
+
+    Configured like the official SDK: every argument left ``None`` is read from its environment
+    variable (``E2B_API_KEY``, ``E2B_DOMAIN``, ``E2B_API_URL``, ``E2B_SANDBOX_URL``,
+    ``E2B_DEBUG``). Use it through :func:`trio_swe.open_sandbox` with a template name as the
+    image, and close it (``async with E2BBackend() as backend`` or :meth:`aclose`) when done.
+
+    Args:
+        api_key: REST API key (``X-API-KEY``); required unless ``debug``.
+        domain: E2B domain (default ``e2b.app``).
+        api_url: REST API base URL (default ``https://api.<domain>``; debug
+            ``http://localhost:3000``).
+        sandbox_url: envd base URL for every sandbox (default: ``https://sandbox.<domain>`` for
+            E2B's domains, ``https://49983-<id>.<domain>`` otherwise, debug
+            ``http://localhost:49983``). Requests are routed by the ``E2b-Sandbox-Id`` and
+            ``E2b-Sandbox-Port`` headers.
+        debug: skip the REST API and talk to one envd directly, as the SDK's debug mode does.
+        verify: TLS verification: ``True``, a CA bundle path, or an ``ssl.SSLContext``
+            (default: ``SSL_CERT_FILE`` if set, else the system/certifi store).
+        h2c: speak HTTP/2 with prior knowledge to ``http://`` URLs (HTTP/1.1 otherwise).
+        streams_per_connection: concurrent streams per HTTP/2 connection (E2B's edge allows 100).
+        max_connections: connections per origin.
+        keepalive_interval: seconds between envd keepalive events on streams; a stream silent
+            for 2.5 times that is treated as dead and re-attached.
+        retry_policy: attempts and backoff of transient failures.
+        request_timeout: bound on one unary request or file transfer.
+        max_output_bytes: ``exec`` keeps the last this many bytes of output.
+        seed: seeds the backoff jitter (tests).
+    """
+
+    name = "e2b"
+
+    def __init__(
+        self,
+        api_key: str | None = None,
+        domain: str | None = None,
+        api_url: str | None = None,
+        sandbox_url: str | None = None,
+        debug: bool | None = None,
+        *,
+        verify: ssl.SSLContext | str | bool | None = None,
+        h2c: bool = False,
+        streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        keepalive_interval: float = 15.0,
+        retry_policy: RetryPolicy | None = None,
+        request_timeout: float = 60.0,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        seed: int | None = None,
+    ) -> None:
+        self.debug = _env_bool("E2B_DEBUG") if debug is None else debug
+        self.api_key = api_key or os.environ.get("E2B_API_KEY") or None
+        self.domain = domain or os.environ.get("E2B_DOMAIN") or "e2b.app"
+        self.api_url = (
+            api_url
+            or os.environ.get("E2B_API_URL")
+            or ("http://localhost:3000" if self.debug else f"https://api.{self.domain}")
+        ).rstrip("/")
+        url = sandbox_url or os.environ.get("E2B_SANDBOX_URL")
+        self.sandbox_url = url.rstrip("/") if url else None
+        if not self.debug and not self.api_key:
+            raise ConfigError("E2BBackend needs an API key: pass api_key= or set E2B_API_KEY")
+        if keepalive_interval <= 0 or not math.isfinite(keepalive_interval):
+            raise ConfigError(f"keepalive_interval must be positive, got {keepalive_interval}")
+        if verify is None:
+            verify = os.environ.get("SSL_CERT_FILE") or True
+        self._verify = verify
+        self._h2c = h2c
+        self._per_conn = streams_per_connection
+        self._max_conns = max_connections
+        self._keepalive = keepalive_interval
+        self._policy = retry_policy or RetryPolicy()
+        self._request_timeout = request_timeout
+        self._max_output = max_output_bytes
+        self._rng = random.Random(seed)
+        self._stats = RetryStats()
+        self._pools: dict[str, ConnectionPool] = {}
+        self._token: object | None = None
+        self._created = 0
+        self._killed = 0
+        self._boot_failures = 0
+        self._live: set[str] = set()
+
+    # --- connections ---------------------------------------------------------------------
+
+    def _pool(self, origin: str) -> ConnectionPool:
+        token = trio.lowlevel.current_trio_token()
+        if token is not self._token:
+            # httpx clients are bound to the trio run that made them; a new run starts over.
+            self._pools = {}
+            self._token = token
+        pool = self._pools.get(origin)
+        if pool is None:
+            pool = self._pools[origin] = ConnectionPool(
+                origin,
+                http2=True,
+                h2c=self._h2c and origin.startswith("http://"),
+                verify=self._verify,
+                streams_per_connection=self._per_conn,
+                max_connections=self._max_conns,
+                headers={"user-agent": _USER_AGENT},
+            )
+        return pool
+
+    def _rest(self) -> RestClient:
+        return RestClient(
+            self._pool(self.api_url),
+            self.api_key,
+            policy=self._policy,
+            stats=self._stats,
+            rng=self._rng,
+            request_timeout=max(self._request_timeout, 120.0),
+        )
+
+    def envd_url(self, sandbox_id: str, sandbox_domain: str | None = None) -> str:
+        """Where a sandbox's envd is reached (the SDK's rules)."""
+        if self.sandbox_url:
+            return self.sandbox_url
+        if self.debug:
+            return f"http://localhost:{ENVD_PORT}"
+        dom = sandbox_domain or self.domain
+        if dom in _SHARED_ORIGIN_DOMAINS:
+            return f"https://sandbox.{dom}"
+        return f"https://{ENVD_PORT}-{sandbox_id}.{dom}"
+
+    # --- Backend protocol ----------------------------------------------------------------
+
+    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> E2BSandbox:
+        """Boot a sandbox from template ``spec.image``.
+
+        If this is cancelled or fails after the REST API may have created the sandbox, the
+        create is replayed under the same ``Idempotency-Key`` (shielded, bounded) to learn its
+        id, and it is killed: no sandbox leaks.
+
+        Raises:
+            SandboxBootError: the API refused or kept failing.
+        """
+        rest: RestClient | None = None
+        token: str | None = None
+        domain: str | None = None
+        if self.debug:
+            self._created += 1
+            sandbox_id = f"debug-{self._created}"
+        else:
+            rest = self._rest()
+            key = uuid.uuid4().hex
+            kwargs: dict[str, Any] = {
+                "timeout_sec": max(1, math.ceil(spec.ttl_sec)),
+                "metadata": spec.metadata,
+                "env_vars": spec.env,
+                "allow_internet_access": None if spec.network else False,
+                "idempotency_key": key,
+            }
+            try:
+                info = await rest.create(spec.image, **kwargs)
+            except BaseException as exc:
+                self._boot_failures += 1
+                refused = isinstance(exc, _connect.ConnectError) and exc.http_status in range(
+                    400, 429
+                )
+                if not refused:  # the API may have created it: find it and kill it
+                    await self._reap_ambiguous_create(rest, spec.image, kwargs)
+                if isinstance(exc, Exception):
+                    raise SandboxBootError(f"could not create an E2B sandbox: {exc!r}") from exc
+                raise
+            self._created += 1
+            sandbox_id, token, domain = info.sandbox_id, info.envd_access_token, info.domain
+        headers = {"e2b-sandbox-id": sandbox_id, "e2b-sandbox-port": str(ENVD_PORT)}
+        if token:
+            headers["x-access-token"] = token
+        envd = EnvdClient(
+            self._pool(self.envd_url(sandbox_id, domain)),
+            headers,
+            policy=self._policy,
+            stats=self._stats,
+            rng=self._rng,
+            keepalive_interval=self._keepalive,
+            request_timeout=self._request_timeout,
+        )
+        self._live.add(sandbox_id)
+        return E2BSandbox(
+            sandbox_id=sandbox_id,
+            spec=spec,
+            nursery=nursery,
+            envd=envd,
+            rest=rest,
+            stats=self._stats,
+            max_output_bytes=self._max_output,
+            on_killed=self._forget,
+        )
+
+    async def _reap_ambiguous_create(
+        self, rest: RestClient, template: str, kwargs: dict[str, Any]
+    ) -> None:
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + 30.0
+            try:
+                info = await rest.create(template, **kwargs)
+                await rest.kill(info.sandbox_id)
+            except Exception:
+                pass  # the API is down: the sandbox (if any) dies at its TTL
+
+    def _forget(self, sandbox: E2BSandbox) -> None:
+        if sandbox.id in self._live:
+            self._live.discard(sandbox.id)
+            self._killed += 1
+
+    async def aclose(self) -> None:
+        """Close every connection of this backend (sandboxes are not killed here)."""
+        pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            await pool.aclose()
+
+    async def __aenter__(self) -> E2BBackend:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "backend": "e2b",
+            "debug": self.debug,
+            "sandboxes_created": self._created,
+            "sandboxes_killed": self._killed,
+            "sandboxes_live": len(self._live),
+            "boot_failures": self._boot_failures,
+            **self._stats.snapshot(),
+            "pools": [p.statistics() for p in self._pools.values()],
+        }

@@ -1,0 +1,321 @@
+"""A client of one sandbox's envd: Connect RPCs for processes, HTTP for files and health.
+
+Every request takes a stream slot from the shared :class:`~._pool.ConnectionPool`, goes through
+the retry table (:mod:`._retry`) and is counted. Server streams get an idle watchdog: envd sends
+a keepalive event every ``Keepalive-Ping-Interval`` seconds, so a stream silent for much longer
+than that is dead (on HTTP/2, httpx's read timeout cannot see it: the connection's other streams
+keep the socket busy).
+"""
+
+from __future__ import annotations
+
+import base64
+import random
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, Final, TypeVar
+from urllib.parse import quote
+
+import httpx
+import msgspec
+import trio
+
+from . import _connect, _wire
+from ._pool import ConnectionPool
+from ._retry import (
+    STREAM_ID_ATTR,
+    RetryPolicy,
+    RetryStats,
+    StreamIdleTimeout,
+    classify,
+    retry_call,
+)
+
+T = TypeVar("T")
+
+ENVD_PORT: Final = 49983
+PROCESS_SERVICE: Final = "process.Process"
+
+
+def basic_user(user: str) -> str:
+    """envd's user selection: ``Authorization: Basic base64("<user>:")``."""
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+
+
+class EventStream:
+    """The events of one ``Start``/``Connect`` server stream, read with an idle watchdog."""
+
+    def __init__(self, response: httpx.Response, idle_timeout: float) -> None:
+        self._response = response
+        self._chunks = response.aiter_raw()
+        self._decoder = _connect.EnvelopeDecoder()
+        self._pending: list[_connect.Envelope] = []
+        self._idle = idle_timeout
+        self.finished = False
+
+    async def next_event(self) -> _wire.ProcessEvent | None:
+        """The next event; ``None`` after a clean end-of-stream.
+
+        Raises:
+            ConnectError: the end-of-stream message carried an error.
+            ProtocolError: the body ended without an end-of-stream message, or mid-envelope.
+            StreamIdleTimeout: nothing arrived for ``idle_timeout`` seconds.
+        """
+        while True:
+            while self._pending:
+                env = self._pending.pop(0)
+                if env.end_stream:
+                    self.finished = True
+                    err = _connect.end_stream_error(_connect.parse_end_stream(env.payload))
+                    if err is not None:
+                        raise err
+                    return None
+                msg = _wire.decode(env.payload, _wire.StartResponse)
+                if msg.event is not None:
+                    return msg.event
+            if self.finished:
+                return None
+            chunk: bytes | None = None
+            with trio.move_on_after(self._idle):
+                chunk = await self._chunks.__anext__()
+            if chunk is None:
+                raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
+            self._pending = self._decoder.feed(chunk)
+
+
+class EnvdClient:
+    """envd of one sandbox, reached through ``pool`` with routing/auth ``headers``.
+
+    Args:
+        pool: connections to the envd origin.
+        headers: ``X-Access-Token``, ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port``...
+        policy: retry policy.
+        stats: where retries and resets are counted (shared with the backend).
+        keepalive_interval: seconds between envd keepalive events we ask for.
+        request_timeout: bound on a unary call or file transfer attempt.
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        headers: Mapping[str, str],
+        *,
+        policy: RetryPolicy,
+        stats: RetryStats,
+        rng: random.Random,
+        keepalive_interval: float = 15.0,
+        request_timeout: float = 60.0,
+    ) -> None:
+        self.pool = pool
+        self.headers = dict(headers)
+        self.policy = policy
+        self.stats = stats
+        self.rng = rng
+        self.keepalive_interval = keepalive_interval
+        self.idle_timeout = keepalive_interval * 2.5 + 1.0
+        self.request_timeout = request_timeout
+        self.rpcs = 0
+        self.resets = 0
+
+    # --- plumbing ------------------------------------------------------------------------
+
+    def _timeout(self, read: float | None) -> httpx.Timeout:
+        return httpx.Timeout(connect=10.0, read=read, write=30.0, pool=30.0)
+
+    async def _after_failure(self, exc: BaseException, client: httpx.AsyncClient) -> None:
+        """Retire the connection when the table says so (protocol errors, silent streams)."""
+        if classify(exc).reset_pool:
+            self.resets += 1
+            self.stats.resets += 1
+            await self.pool.reset(client)
+
+    async def _retry(self, attempt: Any, *, idempotent: bool) -> Any:
+        return await retry_call(
+            attempt, idempotent=idempotent, policy=self.policy, stats=self.stats, rng=self.rng
+        )
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        idempotent: bool,
+        ok: tuple[int, ...] = (200,),
+    ) -> httpx.Response:
+        """One plain HTTP request (files, health, unary RPCs) with retries; body read.
+
+        Raises:
+            ConnectError: a status outside ``ok`` (after retries when transient).
+        """
+
+        async def attempt() -> httpx.Response:
+            self.rpcs += 1
+            async with self.pool.slot() as client:
+                try:
+                    got: httpx.Response | None = None
+                    # A cancel scope, not httpx's read timeout: on HTTP/2 the other streams of
+                    # the connection keep the socket busy, so a hung request never times out.
+                    with trio.move_on_after(self.request_timeout):
+                        got = await client.request(
+                            method,
+                            path,
+                            content=content,
+                            headers={**self.headers, **(headers or {})},
+                            timeout=self._timeout(self.request_timeout),
+                        )
+                    if got is None:
+                        raise StreamIdleTimeout(f"{method} {path.split('?')[0]} timed out")
+                    resp = got
+                except Exception as exc:
+                    await self._after_failure(exc, client)
+                    raise
+            if resp.status_code not in ok:
+                raise _connect.error_from_response(
+                    resp.status_code,
+                    resp.content,
+                    content_type=resp.headers.get("content-type"),
+                    retry_after=resp.headers.get("retry-after"),
+                )
+            return resp
+
+        resp: httpx.Response = await self._retry(attempt, idempotent=idempotent)
+        return resp
+
+    async def unary(
+        self,
+        method: str,
+        message: msgspec.Struct,
+        response_type: type[T],
+        *,
+        idempotent: bool,
+        user: str | None = None,
+    ) -> T:
+        """A unary Connect call to ``process.Process/<method>``."""
+        extra = {"authorization": basic_user(user)} if user else {}
+        req = _connect.unary_request(
+            _connect.procedure_path(PROCESS_SERVICE, method), _wire.encode(message), headers=extra
+        )
+        resp = await self.request(
+            "POST", req.path, content=req.body, headers=req.headers, idempotent=idempotent
+        )
+        return _wire.decode(resp.content, response_type)
+
+    @asynccontextmanager
+    async def open_stream(
+        self,
+        method: str,
+        message: msgspec.Struct,
+        *,
+        user: str | None = None,
+        timeout_ms: int | None = None,
+    ) -> AsyncIterator[EventStream]:
+        """Open one ``process.Process/<method>`` server stream (one attempt, no retry).
+
+        Failures raised inside the block carry our HTTP/2 stream id (for the GOAWAY rule) and
+        retire the connection when the retry table says so.
+        """
+        extra = {"keepalive-ping-interval": str(max(1, round(self.keepalive_interval)))}
+        if user:
+            extra["authorization"] = basic_user(user)
+        req = _connect.stream_request(
+            _connect.procedure_path(PROCESS_SERVICE, method),
+            _wire.encode(message),
+            timeout_ms=timeout_ms,
+            headers={**self.headers, **extra},
+        )
+        self.rpcs += 1
+        async with self.pool.slot() as client:
+            stream_id: int | None = None
+            try:
+                request = client.build_request(
+                    "POST",
+                    req.path,
+                    content=req.body,
+                    headers=req.headers,
+                    timeout=self._timeout(None),
+                )
+                sent: httpx.Response | None = None
+                # The idle watchdog also bounds the wait for response headers.
+                with trio.move_on_after(self.idle_timeout):
+                    sent = await client.send(request, stream=True)
+                if sent is None:
+                    raise StreamIdleTimeout("no response headers")
+                resp = sent
+                stream_id = resp.extensions.get("stream_id")
+                try:
+                    if resp.status_code != 200:
+                        body = await resp.aread()
+                        raise _connect.error_from_response(
+                            resp.status_code,
+                            body,
+                            content_type=resp.headers.get("content-type"),
+                            retry_after=resp.headers.get("retry-after"),
+                        )
+                    yield EventStream(resp, self.idle_timeout)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await resp.aclose()
+            except Exception as exc:
+                if stream_id is not None:
+                    setattr(exc, STREAM_ID_ATTR, stream_id)
+                await self._after_failure(exc, client)
+                raise
+
+    # --- envd API ------------------------------------------------------------------------
+
+    async def send_signal(self, selector: _wire.ProcessSelector, signal: str) -> bool:
+        """Signal a process; False when envd does not know it (already gone)."""
+        try:
+            await self.unary(
+                "SendSignal",
+                _wire.SendSignalRequest(process=selector, signal=signal),
+                _wire.SendSignalResponse,
+                idempotent=True,
+            )
+        except _connect.ConnectError as exc:
+            if exc.code == "not_found":
+                return False
+            raise
+        return True
+
+    async def list_processes(self) -> list[_wire.ProcessInfo]:
+        resp = await self.unary("List", _wire.ListRequest(), _wire.ListResponse, idempotent=True)
+        return resp.processes
+
+    async def health(self) -> bool:
+        """``GET /health``: True when envd answers 204; False when the edge says it is gone."""
+        try:
+            await self.request("GET", "/health", idempotent=True, ok=(200, 204))
+        except _connect.ConnectError as exc:
+            if exc.http_status in (502, 404, 410):
+                return False
+            raise
+        return True
+
+    async def write_file(self, path: str, data: bytes, *, user: str) -> None:
+        """``POST /files?path=...`` with an octet-stream body (overwrites; idempotent)."""
+        await self.request(
+            "POST",
+            f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}",
+            content=data,
+            headers={
+                "content-type": "application/octet-stream",
+                "authorization": basic_user(user),
+            },
+            idempotent=True,
+        )
+
+    async def read_file(self, path: str, *, user: str) -> bytes:
+        """``GET /files?path=...``; raises ConnectError (``not_found`` for a missing file)."""
+        resp = await self.request(
+            "GET",
+            f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}",
+            headers={"authorization": basic_user(user), "accept-encoding": "identity"},
+            idempotent=True,
+        )
+        return resp.content
+
+    def statistics(self) -> dict[str, Any]:
+        return {"rpcs": self.rpcs, "resets": self.resets}

@@ -1,0 +1,191 @@
+"""HTTP/2 connections to one origin, with a cap on concurrent streams per connection.
+
+E2B's edge allows 100 concurrent streams per HTTP/2 connection and every sandbox shares one
+origin (``https://sandbox.e2b.app``). One ``httpx.AsyncClient`` would queue the 101st stream
+behind the others (or fail with "Max outbound streams"). So the pool keeps several clients, each
+with at most one live HTTP/2 connection carrying at most ``streams_per_connection`` streams
+(default 64, well below the edge's 100), and opens another connection when all are full, up to
+``max_connections``. A connection that broke the protocol is *retired*: new streams go to a fresh
+one, and the old one is closed when its last stream ends.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import trio
+
+#: Per-connection stream cap: below the E2B edge's SETTINGS_MAX_CONCURRENT_STREAMS of 100.
+DEFAULT_STREAMS_PER_CONNECTION = 64
+DEFAULT_MAX_CONNECTIONS = 32
+
+
+class _Conn:
+    __slots__ = ("active", "client", "retired", "serial")
+
+    def __init__(self, client: httpx.AsyncClient, serial: int) -> None:
+        self.client = client
+        self.serial = serial
+        self.active = 0
+        self.retired = False
+
+
+class ConnectionPool:
+    """Connections to one origin; hands out a client with a free stream slot.
+
+    Connections open lazily; a new one opens when the least loaded is half full, so streams
+    spread over up to ``max_connections`` connections.
+
+    Args:
+        origin: ``scheme://host:port``.
+        http2: use HTTP/2 (ALPN over TLS).
+        h2c: speak HTTP/2 with prior knowledge on ``http://`` (no HTTP/1.1 at all).
+        verify: TLS verification (``True``, a CA bundle path, or an ``ssl.SSLContext``).
+        streams_per_connection: cap of concurrent streams on one connection.
+        max_connections: cap of connections; beyond ``streams_per_connection *
+            max_connections`` concurrent streams, callers wait for a free slot.
+        headers: sent with every request.
+        connect_timeout: seconds to open a connection.
+    """
+
+    def __init__(
+        self,
+        origin: str,
+        *,
+        http2: bool = True,
+        h2c: bool = False,
+        verify: ssl.SSLContext | str | bool = True,
+        streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
+        headers: Mapping[str, str] | None = None,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        if streams_per_connection < 1 or max_connections < 1:
+            raise ValueError("streams_per_connection and max_connections must be >= 1")
+        self.origin = origin.rstrip("/")
+        self._http2 = http2 or h2c
+        self._h2c = h2c
+        self._verify = verify
+        self._per_conn = streams_per_connection
+        self._max_conns = max_connections
+        self._headers = dict(headers or {})
+        self._connect_timeout = connect_timeout
+        self._slots = trio.Semaphore(streams_per_connection * max_connections)
+        self._lanes: list[_Conn] = []
+        self._retired: list[_Conn] = []
+        self._serial = 0
+        self._closed = False
+        # counters
+        self.connections_opened = 0
+        self.resets = 0
+        self.streams_total = 0
+        self.peak_streams = 0
+        self.slot_waits = 0
+
+    def _new_client(self) -> httpx.AsyncClient:
+        self._serial += 1
+        self.connections_opened += 1
+        # One live connection per client on HTTP/2 (+1 to replace one that got a GOAWAY);
+        # on HTTP/1.1 a connection carries one stream at a time, so allow the whole cap.
+        limits = httpx.Limits(
+            max_connections=2 if self._http2 else self._per_conn,
+            max_keepalive_connections=2 if self._http2 else self._per_conn,
+            keepalive_expiry=300.0,
+        )
+        return httpx.AsyncClient(
+            base_url=self.origin,
+            http1=not self._h2c,
+            http2=self._http2,
+            verify=self._verify,
+            limits=limits,
+            headers=self._headers,
+            timeout=httpx.Timeout(self._connect_timeout * 3, connect=self._connect_timeout),
+            trust_env=False,
+        )
+
+    def _pick(self) -> _Conn:
+        best: _Conn | None = None
+        for conn in self._lanes:
+            if best is None or conn.active < best.active:
+                best = conn
+        # Spread: open another connection once the least loaded one is half full (and never put
+        # a stream on a full one). The global semaphore guarantees a lane can be opened then.
+        if best is None or (
+            best.active >= self._per_conn // 2 and len(self._lanes) < self._max_conns
+        ):
+            best = _Conn(self._new_client(), self._serial)
+            self._lanes.append(best)
+        assert best.active < self._per_conn
+        return best
+
+    @asynccontextmanager
+    async def slot(self) -> AsyncIterator[httpx.AsyncClient]:
+        """Reserve one stream slot; yields the client to send that one request with."""
+        if self._closed:
+            raise RuntimeError("connection pool is closed")
+        if self._slots.value == 0:
+            self.slot_waits += 1
+        async with self._slots:
+            conn = self._pick()
+            conn.active += 1
+            self.streams_total += 1
+            self.peak_streams = max(self.peak_streams, self.active_streams)
+            try:
+                yield conn.client
+            finally:
+                conn.active -= 1
+                if conn.retired and conn.active == 0:
+                    await self._close_conn(conn)
+
+    @property
+    def active_streams(self) -> int:
+        return sum(c.active for c in self._lanes) + sum(c.active for c in self._retired)
+
+    async def reset(self, client: httpx.AsyncClient) -> None:
+        """Retire the connection behind ``client`` (after a protocol error); idempotent."""
+        for i, conn in enumerate(self._lanes):
+            if conn.client is client:
+                conn.retired = True
+                self.resets += 1
+                del self._lanes[i]
+                if conn.active == 0:
+                    await self._close_conn(conn)
+                else:
+                    self._retired.append(conn)
+                return
+
+    async def _close_conn(self, conn: _Conn) -> None:
+        if conn in self._retired:
+            self._retired.remove(conn)
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + 5.0
+            try:
+                await conn.client.aclose()
+            except Exception:
+                pass  # a broken connection may fail to close cleanly; it is gone either way
+
+    async def aclose(self) -> None:
+        """Close every connection (streams still open on them fail)."""
+        self._closed = True
+        conns = self._lanes + self._retired
+        self._lanes, self._retired = [], []
+        for conn in conns:
+            await self._close_conn(conn)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "origin": self.origin,
+            "connections": len(self._lanes),
+            "connections_opened": self.connections_opened,
+            "retired_draining": len(self._retired),
+            "resets": self.resets,
+            "active_streams": self.active_streams,
+            "peak_streams": self.peak_streams,
+            "streams_total": self.streams_total,
+            "slot_waits": self.slot_waits,
+            "streams_per_connection": self._per_conn,
+        }

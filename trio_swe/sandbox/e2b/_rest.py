@@ -1,0 +1,162 @@
+"""E2B's REST API, the lifecycle subset: create, kill, set timeout, connect.
+
+``POST /v2/sandboxes`` (201), ``DELETE /sandboxes/{id}`` (204; 404 means already gone, which is
+success for a kill), ``POST /sandboxes/{id}/timeout`` (204), ``POST /sandboxes/{id}/connect``
+(200 running / 201 resumed). Header ``X-API-KEY``. A create carries an ``Idempotency-Key`` so
+that retrying it after an ambiguous failure does not boot a second sandbox.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import trio
+
+from . import _connect, _wire
+from ._pool import ConnectionPool
+from ._retry import RetryPolicy, RetryStats, StreamIdleTimeout, classify, retry_call
+
+
+class RestClient:
+    """The lifecycle API at ``pool.origin``.
+
+    Args:
+        pool: connections to the API origin.
+        api_key: sent as ``X-API-KEY``.
+        policy, stats, rng: retry policy and counters (shared with the backend).
+        request_timeout: bound on one attempt (a create boots a VM: allow time).
+    """
+
+    def __init__(
+        self,
+        pool: ConnectionPool,
+        api_key: str | None,
+        *,
+        policy: RetryPolicy,
+        stats: RetryStats,
+        rng: random.Random,
+        request_timeout: float = 120.0,
+    ) -> None:
+        self.pool = pool
+        self.headers = {"x-api-key": api_key} if api_key else {}
+        self.policy = policy
+        self.stats = stats
+        self.rng = rng
+        self.request_timeout = request_timeout
+        self.rpcs = 0
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        ok: tuple[int, ...],
+        idempotent: bool,
+    ) -> httpx.Response:
+        async def attempt() -> httpx.Response:
+            self.rpcs += 1
+            async with self.pool.slot() as client:
+                try:
+                    got: httpx.Response | None = None
+                    with trio.move_on_after(self.request_timeout):
+                        got = await client.request(
+                            method,
+                            path,
+                            content=json,
+                            headers={
+                                **self.headers,
+                                **({"content-type": "application/json"} if json else {}),
+                                **(headers or {}),
+                            },
+                        )
+                    if got is None:
+                        raise StreamIdleTimeout(f"{method} {path} timed out")
+                except Exception as exc:
+                    if classify(exc).reset_pool:
+                        self.stats.resets += 1
+                        await self.pool.reset(client)
+                    raise
+            if got.status_code not in ok:
+                raise _connect.error_from_response(
+                    got.status_code,
+                    got.content,
+                    content_type=got.headers.get("content-type"),
+                    retry_after=got.headers.get("retry-after"),
+                )
+            return got
+
+        resp: httpx.Response = await retry_call(
+            attempt, idempotent=idempotent, policy=self.policy, stats=self.stats, rng=self.rng
+        )
+        return resp
+
+    async def create(
+        self,
+        template: str,
+        *,
+        timeout_sec: int,
+        metadata: Mapping[str, str],
+        env_vars: Mapping[str, str],
+        allow_internet_access: bool | None = None,
+        idempotency_key: str | None = None,
+    ) -> _wire.SandboxInfo:
+        """Boot a sandbox; retried safely thanks to the ``Idempotency-Key``."""
+        body = _wire.NewSandbox(
+            template_id=template,
+            timeout=timeout_sec,
+            metadata=dict(metadata) or None,
+            env_vars=dict(env_vars) or None,
+            allow_internet_access=allow_internet_access,
+        )
+        resp = await self._call(
+            "POST",
+            "/v2/sandboxes",
+            json=_wire.encode(body),
+            headers={"idempotency-key": idempotency_key or uuid.uuid4().hex},
+            ok=(200, 201),
+            idempotent=True,
+        )
+        return _wire.decode(resp.content, _wire.SandboxInfo)
+
+    async def kill(self, sandbox_id: str) -> bool:
+        """Kill a sandbox; False when it was already gone (404), which is not an error."""
+        try:
+            await self._call(
+                "DELETE", f"/sandboxes/{quote(sandbox_id, safe='')}", ok=(200, 204), idempotent=True
+            )
+        except _connect.ConnectError as exc:
+            if exc.http_status == 404:
+                return False
+            raise
+        return True
+
+    async def set_timeout(self, sandbox_id: str, timeout_sec: int) -> None:
+        """Make the sandbox live ``timeout_sec`` from now."""
+        await self._call(
+            "POST",
+            f"/sandboxes/{quote(sandbox_id, safe='')}/timeout",
+            json=_wire.encode(_wire.TimeoutRequest(timeout=timeout_sec)),
+            ok=(200, 204),
+            idempotent=True,
+        )
+
+    async def connect(self, sandbox_id: str, timeout_sec: int) -> _wire.SandboxInfo:
+        """Connect to (and resume, if paused) an existing sandbox."""
+        resp = await self._call(
+            "POST",
+            f"/sandboxes/{quote(sandbox_id, safe='')}/connect",
+            json=_wire.encode(_wire.TimeoutRequest(timeout=timeout_sec)),
+            ok=(200, 201),
+            idempotent=True,
+        )
+        return _wire.decode(resp.content, _wire.SandboxInfo)
+
+    def statistics(self) -> dict[str, Any]:
+        return {"rpcs": self.rpcs}

@@ -1,0 +1,414 @@
+"""``E2BSandbox``: the :class:`~trio_swe.sandbox.Sandbox` protocol over envd.
+
+``exec`` runs one ``process.Process/Start`` server stream with a client-chosen *tag*. The tag is
+what makes the stream survivable: when it is cut (RST_STREAM, GOAWAY, TCP close, a silent stream,
+a body without end event), the command keeps running in the sandbox (envd does not kill it), and
+``process.Process/Connect`` by tag re-attaches and gets the rest of the output and the exit code
+(envd keeps it 30 s after exit). A ``Start`` is sent again only when the command provably did not
+start: the request never reached the server, or the server answered with an error and then knew
+no process by our tag. Output emitted while detached is lost (envd does not replay), so a
+re-attached result is marked ``output_truncated``.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import signal as _signal
+import uuid
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+import trio
+
+from ..._errors import (
+    InvalidArgumentError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxNotRunningError,
+    SandboxUnreachableError,
+)
+from .._types import ExecResult, SandboxSpec
+from .._validate import check_abs_path, check_env, check_user
+from . import _connect, _wire
+from ._envd import EnvdClient
+from ._rest import RestClient
+from ._retry import RetryStats, classify
+
+#: Seconds past ``timeout`` before the client gives up on envd's own deadline kill.
+_DEADLINE_GRACE: Final = 5.0
+DEFAULT_MAX_OUTPUT_BYTES: Final = 1 << 20
+
+_SIGNALS: Final[dict[str, int]] = {
+    (_signal.strsignal(s) or "").lower(): int(s) for s in _signal.Signals
+}
+
+
+def signal_number(status: str) -> int | None:
+    """The signal in envd's status ``"signal: killed"`` (Go's names match libc's strsignal)."""
+    if not status.startswith("signal: "):
+        return None
+    name = status.removeprefix("signal: ").strip().lower()
+    if name.startswith("signal "):
+        name = name.removeprefix("signal ")
+        return int(name) if name.isdigit() else None
+    return _SIGNALS.get(name)
+
+
+class _Output:
+    """Merged stdout+stderr in arrival order, keeping the last ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self.buf = bytearray()
+        self.limit = limit
+        self.truncated = False
+
+    def add(self, data: bytes) -> None:
+        self.buf += data
+        if len(self.buf) > 2 * self.limit:
+            del self.buf[: len(self.buf) - self.limit]
+            self.truncated = True
+
+    def text(self) -> str:
+        if len(self.buf) > self.limit:
+            del self.buf[: len(self.buf) - self.limit]
+            self.truncated = True
+        return self.buf.decode("utf-8", "replace")
+
+
+class _Run:
+    __slots__ = ("end", "pid", "reattached")
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self.end: _wire.EndEvent | None = None
+        self.reattached = False
+
+
+class _Deadline(Exception):
+    """envd killed the command at ``Connect-Timeout-Ms`` and said so in a trailer."""
+
+
+class E2BSandbox:
+    """One E2B sandbox. Get it from ``open_sandbox(E2BBackend(...), template)``."""
+
+    def __init__(
+        self,
+        *,
+        sandbox_id: str,
+        spec: SandboxSpec,
+        nursery: trio.Nursery,
+        envd: EnvdClient,
+        rest: RestClient | None,
+        stats: RetryStats,
+        max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
+        on_killed: Any = None,
+    ) -> None:
+        self._id = sandbox_id
+        self._spec = spec
+        self._nursery = nursery
+        self._envd = envd
+        self._rest = rest
+        self._stats = stats
+        self._max_output = max_output_bytes
+        self._on_killed = on_killed
+        self._killed = False
+        self._execs = 0
+        self._reattaches = 0
+        self._retries = 0
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def workdir(self) -> str:
+        return self._spec.workdir
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        return self._nursery
+
+    def _check_alive(self) -> None:
+        if self._killed:
+            raise SandboxNotRunningError(f"sandbox {self._id} was killed")
+
+    async def _infra_error(self, exc: BaseException, what: str) -> SandboxError:
+        """Tell a dead sandbox from an unreachable one with one health probe."""
+        if isinstance(exc, _connect.ConnectError) and _gone(exc):
+            return SandboxNotRunningError(f"sandbox {self._id} is gone ({what}): {exc}")
+        alive: bool | None = None
+        with trio.move_on_after(10.0):
+            try:
+                alive = await self._envd.health()
+            except Exception:
+                alive = None
+        if alive is False:
+            return SandboxNotRunningError(f"sandbox {self._id} is gone ({what}): {exc}")
+        return SandboxUnreachableError(f"sandbox {self._id}: {what} failed: {exc!r}")
+
+    # --- exec ----------------------------------------------------------------------------
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = 60.0,
+        idempotent: bool = False,
+    ) -> ExecResult:
+        """Run ``cmd`` with ``/bin/sh -c`` and wait for it (see the module docstring)."""
+        if not isinstance(cmd, str):
+            raise InvalidArgumentError(f"cmd must be a str, got {type(cmd).__name__}")
+        if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
+            raise InvalidArgumentError(f"timeout must be a positive number or None, got {timeout}")
+        user = check_user(user or "root")
+        envs = {**self._spec.env, **check_env(env)}
+        cwd = check_abs_path(cwd or self._spec.workdir, what="cwd")
+        self._check_alive()
+        self._execs += 1
+        tag = f"trio-swe-{uuid.uuid4().hex}"
+        start = _wire.StartRequest(
+            process=_wire.ProcessConfig(cmd="/bin/sh", args=["-c", cmd], envs=envs, cwd=cwd),
+            tag=tag,
+            stdin=False,
+        )
+        # envd kills the process when Connect-Timeout-Ms elapses: exactly the semantics of
+        # ``timeout``. The client-side scope is the backstop if envd does not.
+        timeout_ms = None if timeout is None else max(1, math.ceil(timeout * 1000))
+        out = _Output(self._max_output)
+        run = _Run()
+        t0 = trio.current_time()
+        end: _wire.EndEvent | None = None
+        timed_out = False
+        with trio.move_on_after(math.inf if timeout is None else timeout + _DEADLINE_GRACE):
+            try:
+                end = await self._drive(start, tag, user, timeout_ms, out, run, idempotent)
+            except _Deadline:
+                timed_out = True
+        elapsed = trio.current_time() - t0
+        if end is None and not timed_out:
+            timed_out = True  # our backstop fired
+        if timed_out or (
+            end is not None
+            and timeout is not None
+            and not end.exited
+            and elapsed >= timeout * 0.999
+        ):
+            await self._kill_tag(tag)
+            return ExecResult(
+                exit_code=-1,
+                output=out.text(),
+                reason="timeout",
+                duration_sec=elapsed,
+                output_truncated=out.truncated or run.reattached,
+            )
+        assert end is not None
+        if not end.exited:
+            sig = signal_number(end.status)
+            # A process killed by a signal we did not send: was it the sandbox dying?
+            await self._raise_if_gone()
+            return ExecResult(
+                exit_code=128 + sig if sig else (end.exit_code if end.exit_code > 0 else -1),
+                output=out.text(),
+                reason="signal",
+                duration_sec=elapsed,
+                output_truncated=out.truncated or run.reattached,
+            )
+        return ExecResult(
+            exit_code=end.exit_code,
+            output=out.text(),
+            reason="exit",
+            duration_sec=elapsed,
+            output_truncated=out.truncated or run.reattached,
+        )
+
+    async def _drive(
+        self,
+        start: _wire.StartRequest,
+        tag: str,
+        user: str,
+        timeout_ms: int | None,
+        out: _Output,
+        run: _Run,
+        idempotent: bool,
+    ) -> _wire.EndEvent:
+        """Start the command, re-attaching by tag through stream failures; return its end."""
+        policy = self._envd.policy
+        mode = "start"  # "start": send Start; "attach": Connect by tag; "probe": is it there?
+        probe_is_proof = False
+        retry_index = 0
+        while True:
+            self._stats.attempts += 1
+            try:
+                msg: msgspec.Struct
+                if mode == "start":
+                    method, msg, tmo = "Start", start, timeout_ms
+                else:
+                    method = "Connect"
+                    msg = _wire.ConnectRequest(process=_wire.ProcessSelector(tag=tag))
+                    tmo = None  # a deadline on Connect would not kill anything; ours suffices
+                async with self._envd.open_stream(method, msg, user=user, timeout_ms=tmo) as s:
+                    while (ev := await s.next_event()) is not None:
+                        if ev.data is not None:
+                            out.add(ev.data.stdout or ev.data.stderr or ev.data.pty or b"")
+                        elif ev.start is not None:
+                            run.pid = ev.start.pid
+                            if mode == "probe":
+                                run.reattached = True
+                            mode = "attach"
+                        elif ev.end is not None:
+                            run.end = ev.end
+                if run.end is None:
+                    raise _connect.ProtocolError("stream ended without an end event")
+                return run.end
+            except Exception as exc:
+                if run.end is not None:
+                    return run.end  # the exit code arrived; what broke afterwards is moot
+                failure = classify(exc)
+                self._stats.by_kind[failure.kind] = self._stats.by_kind.get(failure.kind, 0) + 1
+                if isinstance(exc, _connect.ConnectError):
+                    if _gone(exc):
+                        raise await self._infra_error(exc, method) from exc
+                    if exc.code == "deadline_exceeded" and mode == "start":
+                        raise _Deadline() from exc
+                    if exc.code == "not_found" and mode in ("probe", "attach"):
+                        if mode == "attach":
+                            raise await self._infra_error(exc, "re-attach (process lost)") from exc
+                        # No process carries our tag: the Start did not run it.
+                        if not (probe_is_proof or idempotent):
+                            raise SandboxUnreachableError(
+                                f"sandbox {self._id}: a Start may or may not have reached envd "
+                                f"and the command is not idempotent: {exc}"
+                            ) from exc
+                        mode = "start"
+                    elif not failure.transient:
+                        raise await self._infra_error(exc, method) from exc
+                elif not failure.transient:
+                    raise await self._infra_error(exc, method) from exc
+                if mode == "start" and failure.transient:
+                    if run.pid is not None:
+                        mode = "attach"
+                    elif failure.reached:
+                        mode = "probe"
+                        # A complete error answer means the server is done with that request:
+                        # if it then knows no process by our tag, none will appear.
+                        probe_is_proof = isinstance(exc, _connect.ConnectError)
+                if mode != "start":
+                    self._reattaches += 1
+                    run.reattached = run.reattached or run.pid is not None
+                retry_index += 1
+                if retry_index >= policy.max_attempts:
+                    self._stats.gave_up += 1
+                    raise await self._infra_error(exc, f"{method} after {retry_index} attempts")
+                self._stats.retries += 1
+                self._retries += 1
+                await trio.sleep(policy.delay(failure, retry_index - 1, self._envd.rng))
+
+    async def _kill_tag(self, tag: str) -> None:
+        """Best effort SIGKILL of a command that overran; shielded and bounded."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + 10.0
+            try:
+                await self._envd.send_signal(_wire.ProcessSelector(tag=tag), _wire.SIGNAL_SIGKILL)
+            except Exception:
+                pass  # gone already, or the sandbox is unreachable: its TTL reclaims it
+
+    async def _raise_if_gone(self) -> None:
+        alive: bool | None = None
+        with trio.move_on_after(10.0):
+            try:
+                alive = await self._envd.health()
+            except Exception:
+                alive = None
+        if alive is False:
+            raise SandboxNotRunningError(f"sandbox {self._id} died while a command ran")
+
+    # --- files ---------------------------------------------------------------------------
+
+    async def write_file(
+        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+    ) -> None:
+        """Create or replace ``path`` (parents created) via ``POST /files``."""
+        check_abs_path(path)
+        user = check_user(user or "root")
+        if isinstance(data, str):
+            data = data.encode()
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise InvalidArgumentError(f"data must be bytes or str, got {type(data).__name__}")
+        if mode is not None and not (isinstance(mode, int) and 0 <= mode <= 0o7777):
+            raise InvalidArgumentError(f"mode must be an int in 0..0o7777, got {mode!r}")
+        self._check_alive()
+        try:
+            await self._envd.write_file(path, bytes(data), user=user)
+        except Exception as exc:
+            raise await self._infra_error(exc, f"write_file {path}") from exc
+        if mode is not None:
+            res = await self.exec(
+                f"chmod {mode:o} {shlex.quote(path)}", user=user, timeout=30, idempotent=True
+            )
+            if not res.ok:
+                raise SandboxError(f"chmod {mode:o} {path} failed: {res.output.strip()}")
+
+    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
+        """The bytes of ``path`` via ``GET /files``.
+
+        Raises:
+            SandboxFileNotFoundError: no such file.
+            SandboxError: anything else (never ``b""`` for a failure).
+        """
+        check_abs_path(path)
+        user = check_user(user or "root")
+        self._check_alive()
+        try:
+            return await self._envd.read_file(path, user=user)
+        except _connect.ConnectError as exc:
+            if exc.http_status == 404 and not _gone(exc):
+                raise SandboxFileNotFoundError(
+                    f"{path}: no such file in sandbox {self._id}"
+                ) from exc
+            raise await self._infra_error(exc, f"read_file {path}") from exc
+        except Exception as exc:
+            raise await self._infra_error(exc, f"read_file {path}") from exc
+
+    # --- lifecycle -----------------------------------------------------------------------
+
+    async def kill(self) -> None:
+        """Kill the sandbox via the REST API. Idempotent; an already reclaimed sandbox is fine."""
+        if self._killed:
+            return
+        self._killed = True
+        if self._rest is not None:
+            try:
+                await self._rest.kill(self._id)
+            except Exception as exc:
+                self._killed = False
+                raise SandboxUnreachableError(
+                    f"kill of sandbox {self._id} failed: {exc!r}"
+                ) from exc
+        if self._on_killed is not None:
+            self._on_killed(self)
+
+    async def set_timeout(self, seconds: float) -> None:
+        """Make the provider keep the sandbox ``seconds`` from now (no-op in debug mode)."""
+        if self._rest is not None:
+            await self._rest.set_timeout(self._id, max(1, math.ceil(seconds)))
+
+    def statistics(self) -> Mapping[str, Any]:
+        return {
+            "backend": "e2b",
+            "execs": self._execs,
+            "rpcs": self._envd.rpcs,
+            "retries": self._retries,
+            "reattaches": self._reattaches,
+            "resets": self._envd.resets,
+            "killed": self._killed,
+        }
+
+
+def _gone(exc: _connect.ConnectError) -> bool:
+    """The edge's answer for a sandbox that no longer exists (502 "... was not found")."""
+    return exc.http_status == 502 and "not found" in exc.message.lower()
