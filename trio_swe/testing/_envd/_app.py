@@ -102,6 +102,7 @@ class EnvdApp:
         default_user: str,
         domain: str,
         debug_template: str | None,
+        user_aliases: Mapping[str, str],
     ) -> None:
         self.registry = registry
         self.plan = plan
@@ -113,6 +114,9 @@ class EnvdApp:
         self.default_user = default_user
         self.domain = domain
         self.debug_template = debug_template
+        self.user_aliases = dict(user_aliases)
+        self._idempotent: dict[str, str] = {}
+        self._create_locks: dict[str, trio.Lock] = {}
         self.stats = Stats()
         self._debug_lock = trio.Lock()
 
@@ -290,6 +294,27 @@ class EnvdApp:
             )
             return
         ttl = float(new.timeout) if new.timeout is not None else self.default_ttl_sec
+        key = req.headers.get("idempotency-key")
+        if key is not None:
+            # A retried create with the same key gets the same sandbox, as on E2B.
+            async with self._create_lock(key):
+                known = self.registry.get(self._idempotent.get(key, ""))
+                if known is not None:
+                    await req.respond_json(201, self._info(known))
+                    return
+                await self._create(req, new, image, ttl, key)
+            return
+        await self._create(req, new, image, ttl, None)
+
+    def _create_lock(self, key: str) -> trio.Lock:
+        lock = self._create_locks.get(key)
+        if lock is None:
+            lock = self._create_locks[key] = trio.Lock()
+        return lock
+
+    async def _create(
+        self, req: Request, new: wire.NewSandbox, image: str, ttl: float, key: str | None
+    ) -> None:
         try:
             entry = await self.registry.create(
                 template_id=new.template_id,
@@ -301,6 +326,8 @@ class EnvdApp:
         except (SandboxError, InvalidArgumentError, OSError) as exc:
             await req.respond_json(500, {"code": 500, "message": f"cannot create sandbox: {exc}"})
             return
+        if key is not None:
+            self._idempotent[key] = entry.id
         await req.respond_json(201, self._info(entry))
 
     # --- envd: routing and auth -----------------------------------------------------------
@@ -350,8 +377,9 @@ class EnvdApp:
                 raise InvalidArgumentError("malformed Basic authorization") from None
             name = raw.partition(":")[0]
             if name:
-                return name
-        return req.param("username") or self.default_user
+                return self.user_aliases.get(name, name)
+        name = req.param("username") or self.default_user
+        return self.user_aliases.get(name, name)
 
     def _token_ok(self, req: Request, entry: SandboxEntry) -> bool:
         return entry.token is None or req.headers.get("x-access-token") == entry.token

@@ -110,10 +110,15 @@ class EnvdServer:
             env["SSL_CERT_FILE"] = self.ca_path
         return env
 
-    def sandbox_env(self, sandbox_id: str) -> Mapping[str, str]:
-        """The environment variables the sandbox was created with."""
+    async def wait_sandbox_gone(self, sandbox_id: str) -> None:
+        """Return once the sandbox is dead (killed or reclaimed); at once if unknown."""
         entry = self._registry.get(sandbox_id)
-        return {} if entry is None else dict(entry.env)
+        if entry is not None:
+            await entry.dead.wait()
+
+    async def kill_sandbox(self, sandbox_id: str) -> bool:
+        """Kill a sandbox from the server side (as if E2B lost it); False when unknown."""
+        return await self._registry.kill(sandbox_id)
 
 
 def _default_backend() -> Backend:
@@ -143,6 +148,8 @@ async def open_envd_server(
     debug_template: str | None = "base",
     max_concurrent_streams: int = 100,
     host: str = "127.0.0.1",
+    ca: Any | None = None,
+    user_aliases: Mapping[str, str] | None = None,
 ) -> AsyncIterator[EnvdServer]:
     """Serve E2B's REST lifecycle API and envd's process/file APIs on loopback.
 
@@ -173,6 +180,10 @@ async def open_envd_server(
             ``debug_sandbox_id``; ``None`` refuses debug mode.
         max_concurrent_streams: HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS`` (E2B's edge: 100).
         host: loopback address to bind.
+        ca: a ``trustme.CA`` to issue the certificate from (default: a fresh one). Reuse one CA
+            per process when the client caches its trust store (the e2b SDK does).
+        user_aliases: user names mapped to sandbox users (default ``{"user": "agent"}``: the
+            SDK's ``user="user"`` runs as the local sandbox's unprivileged user).
 
     Yields:
         The running :class:`EnvdServer`.
@@ -188,12 +199,12 @@ async def open_envd_server(
     with tempfile.TemporaryDirectory(prefix="trio-swe-envd-") as tmp:
         default_image = os.path.join(tmp, "empty-template")
         os.mkdir(default_image)
-        ca = cert = None
+        cert = None
         ca_path = None
         if tls:
             import trustme
 
-            ca = trustme.CA()
+            ca = ca if ca is not None else trustme.CA()
             cert = ca.issue_cert("127.0.0.1", "localhost", "::1")
             ca_path = os.path.join(tmp, "ca.pem")
             ca.cert_pem.write_to_path(ca_path)
@@ -215,6 +226,7 @@ async def open_envd_server(
                 default_user=default_user,
                 domain=domain,
                 debug_template=debug_template,
+                user_aliases={"user": "agent"} if user_aliases is None else user_aliases,
             )
             config = Config()
             config.bind = [f"{host}:0"] if ":" not in host else [f"[{host}]:0"]
@@ -259,7 +271,7 @@ async def open_envd_server(
                 app=app,
                 registry=registry,
                 plan=plan,
-                ca=ca,
+                ca=ca if tls else None,
                 ca_path=ca_path,
                 proxy=proxy,
             )
