@@ -1,0 +1,52 @@
+"""Agents: the ``Agent`` protocol, the built-in bash agent, the npm CLI harness, policies.
+
+* :class:`Agent` — ``await agent.run(sandbox, task) -> AgentOutcome``; a registry selects one by
+  name (``SWE_AGENT``): :func:`register_agent`, :func:`create_agent`, :func:`available_agents`.
+* :class:`BashAgent` — the built-in loop over a :class:`Policy` (one shell command per turn),
+  recording a :class:`~trio_swe.TurnRecord` per policy call.
+* :func:`install_npm_cli`, :func:`run_agent`, :class:`NpmCliAgent` — CLI coding agents shipped
+  as npm packages.
+* :class:`SGLangPolicy` — SGLang's ``/generate`` over httpx; :class:`ByteTokenizer` — a
+  dependency-free tokenizer for demos and tests.
+"""
+
+from __future__ import annotations
+
+from ._bash_agent import BashAgent, parse_command, render_first_prompt
+from ._harness import (
+    AgentFactory,
+    AgentInstallError,
+    NpmCliAgent,
+    available_agents,
+    create_agent,
+    install_npm_cli,
+    register_agent,
+    run_agent,
+)
+from ._policy import Policy, PolicyError, PolicyOutput, SGLangPolicy
+from ._tokenizer import ByteTokenizer, Tokenizer
+from ._types import Agent, AgentFinish, AgentOutcome, AgentTask
+
+__all__ = [
+    "Agent",
+    "AgentFactory",
+    "AgentFinish",
+    "AgentInstallError",
+    "AgentOutcome",
+    "AgentTask",
+    "BashAgent",
+    "ByteTokenizer",
+    "NpmCliAgent",
+    "Policy",
+    "PolicyError",
+    "PolicyOutput",
+    "SGLangPolicy",
+    "Tokenizer",
+    "available_agents",
+    "create_agent",
+    "install_npm_cli",
+    "parse_command",
+    "register_agent",
+    "render_first_prompt",
+    "run_agent",
+]

@@ -1,0 +1,213 @@
+"""The ``Policy`` protocol (token ids in, token ids and log-probs out) and an SGLang client."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, Protocol, runtime_checkable
+
+import httpx
+import msgspec
+import trio
+
+from .._errors import TrioSweError
+
+__all__ = ["Policy", "PolicyError", "PolicyOutput", "SGLangPolicy"]
+
+
+class PolicyError(TrioSweError):
+    """The policy server failed (unreachable, HTTP error, malformed reply): infrastructure."""
+
+
+class PolicyOutput(msgspec.Struct, frozen=True, kw_only=True):
+    """One generation.
+
+    Attributes:
+        output_ids: the sampled token ids.
+        log_probs: the log-probability of each sampled token under the sampling policy;
+            ``len(log_probs) == len(output_ids)``.
+        finish_reason: ``"stop"``, ``"length"`` or ``"abort"`` (SGLang's names).
+    """
+
+    output_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str = "stop"
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Something that continues a token sequence: an SGLang server, a scripted replay, ..."""
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        session_id: str | None = None,
+    ) -> PolicyOutput:
+        """Sample a continuation of ``input_ids``.
+
+        Args:
+            input_ids: the whole prompt as token ids.
+            sampling_params: SGLang sampling parameters (``max_new_tokens``, ``temperature``...).
+            session_id: a routing key, so one episode's turns reach the same server (prefix cache).
+
+        Raises:
+            PolicyError: the server failed.
+        """
+        ...
+
+
+class _LogprobEntry(msgspec.Struct, array_like=True):
+    logprob: float | None
+    token_id: int
+
+
+class _FinishReason(msgspec.Struct):
+    type: str = "stop"
+
+
+class _MetaInfo(msgspec.Struct):
+    output_token_logprobs: list[_LogprobEntry] = []
+    finish_reason: _FinishReason | None = None
+
+
+class _GenerateReply(msgspec.Struct):
+    meta_info: _MetaInfo
+    output_ids: list[int] | None = None
+
+
+_decode_reply = msgspec.json.Decoder(_GenerateReply).decode
+
+#: Bound on the shielded ``/abort_request`` sent when a generation is cancelled.
+ABORT_TIMEOUT_SEC = 5.0
+
+
+class SGLangPolicy:
+    """A :class:`Policy` that calls SGLang's native ``/generate`` endpoint with token ids.
+
+    It sends ``input_ids``, ``sampling_params`` and ``return_logprob: true`` and reads the sampled
+    ids and their log-probs from ``meta_info.output_token_logprobs``. Cancelling a call aborts the
+    request on the server (``/abort_request`` with the request's ``rid``), so no orphaned
+    generation keeps a GPU busy. The routing key travels in ``X-SMG-Routing-Key``.
+
+    Use as an async context manager, or call :meth:`aclose`::
+
+        async with SGLangPolicy("http://127.0.0.1:30000") as policy:
+            out = await policy.generate(ids, {"max_new_tokens": 512, "temperature": 1.0})
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        read_timeout_sec: float | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        """Create the client.
+
+        Args:
+            base_url: the server, e.g. ``http://127.0.0.1:30000``.
+            client: an httpx client to share; one is created (and closed by :meth:`aclose`)
+                otherwise.
+            read_timeout_sec: bound on one generation; ``None`` waits as long as the caller's
+                cancel scope allows (the episode's budget), which is the trio way.
+            headers: extra headers of every request (e.g. authorization).
+        """
+        self.base_url = base_url.rstrip("/")
+        self._own_client = client is None
+        self._client = client or httpx.AsyncClient(
+            timeout=httpx.Timeout(10.0, read=read_timeout_sec),
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+        self._headers = dict(headers or {})
+        self._stats = {"requests": 0, "aborts": 0, "errors": 0, "output_tokens": 0}
+
+    async def __aenter__(self) -> SGLangPolicy:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this object created it."""
+        if self._own_client:
+            await self._client.aclose()
+
+    def statistics(self) -> Mapping[str, int]:
+        """Requests sent, aborts sent, errors and output tokens received."""
+        return dict(self._stats)
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        session_id: str | None = None,
+    ) -> PolicyOutput:
+        """See :meth:`Policy.generate`."""
+        rid = uuid.uuid4().hex
+        body = {
+            "rid": rid,
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params),
+            "return_logprob": True,
+        }
+        headers = dict(self._headers)
+        if session_id:
+            headers["X-SMG-Routing-Key"] = session_id
+        self._stats["requests"] += 1
+        try:
+            response = await self._client.post(
+                f"{self.base_url}/generate", content=msgspec.json.encode(body), headers=headers
+            )
+        except trio.Cancelled:
+            await self._abort(rid)
+            raise
+        except httpx.HTTPError as exc:
+            self._stats["errors"] += 1
+            await self._abort(rid)
+            raise PolicyError(f"policy /generate failed: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            self._stats["errors"] += 1
+            raise PolicyError(
+                f"policy /generate answered HTTP {response.status_code}: {response.text[:300]}"
+            )
+        try:
+            reply = _decode_reply(response.content)
+        except msgspec.DecodeError as exc:
+            self._stats["errors"] += 1
+            raise PolicyError(f"policy /generate sent a malformed reply: {exc}") from exc
+        entries = reply.meta_info.output_token_logprobs
+        output_ids = [e.token_id for e in entries]
+        log_probs = [e.logprob if e.logprob is not None else math.nan for e in entries]
+        if reply.output_ids is not None and reply.output_ids != output_ids:
+            raise PolicyError("policy reply: output_ids disagree with output_token_logprobs")
+        finish = reply.meta_info.finish_reason
+        self._stats["output_tokens"] += len(output_ids)
+        return PolicyOutput(
+            output_ids=output_ids,
+            log_probs=log_probs,
+            finish_reason=finish.type if finish is not None else "stop",
+        )
+
+    async def _abort(self, rid: str) -> None:
+        # Shielded and bounded: we are usually being cancelled ourselves.
+        self._stats["aborts"] += 1
+        with trio.CancelScope(shield=True), trio.move_on_after(ABORT_TIMEOUT_SEC):
+            try:
+                await self._client.post(
+                    f"{self.base_url}/abort_request",
+                    content=msgspec.json.encode({"rid": rid}),
+                    headers=self._headers,
+                )
+            except httpx.HTTPError:
+                pass

@@ -1,0 +1,43 @@
+"""The tokenizer protocol, and a dependency-free byte-level tokenizer for demos and tests."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["ByteTokenizer", "Tokenizer"]
+
+
+@runtime_checkable
+class Tokenizer(Protocol):
+    """Text to token ids and back. Any Hugging Face tokenizer fits this protocol.
+
+    The bash agent keeps the token history append-only: it encodes each new piece of text
+    (an observation, a role header) on its own with ``add_special_tokens=False`` and appends the
+    ids, so earlier tokens (and their log-probs) are never re-tokenized.
+    """
+
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]:
+        """Token ids of ``text``."""
+        ...
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = ...) -> str:
+        """The text of ``token_ids``."""
+        ...
+
+
+class ByteTokenizer:
+    """One token per UTF-8 byte (ids 0..255); no special tokens, no vocabulary file.
+
+    Decoding never fails: a sequence cut inside a multi-byte character decodes with U+FFFD.
+    """
+
+    vocab_size = 256
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """The UTF-8 bytes of ``text`` as ids."""
+        return list(text.encode("utf-8"))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``token_ids`` (each must be in ``range(256)``)."""
+        return bytes(token_ids).decode("utf-8", errors="replace")

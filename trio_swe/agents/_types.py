@@ -1,0 +1,86 @@
+"""The ``Agent`` protocol and its records: what an agent is given and what it hands back."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+import msgspec
+
+from ..sandbox import Sandbox
+from ..trajectory import TurnRecord
+
+__all__ = ["Agent", "AgentFinish", "AgentOutcome", "AgentTask"]
+
+#: How an agent's run ended.
+#:
+#: * ``"submitted"``: the agent said it was done (the bash agent's ``submit``).
+#: * ``"exited"``: a CLI agent's process exited by itself (see ``exit_code``).
+#: * ``"turn_limit"`` / ``"context_limit"``: the bash agent ran out of turns or context.
+#: * ``"time_budget"``: the wall-clock budget ran out; ``exit_code == -1``.
+AgentFinish = Literal["submitted", "exited", "turn_limit", "context_limit", "time_budget"]
+
+
+class AgentTask(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent is asked to do in a prepared sandbox.
+
+    Attributes:
+        instance_id: the task's id.
+        session_id: unique per episode; the policy's routing key.
+        problem_statement: the issue text (also written to ``problem_statement_path``).
+        workdir: the repository inside the sandbox.
+        problem_statement_path: where the episode wrote the problem statement.
+        time_budget_sec: wall-clock budget of the whole run.
+        max_context_tokens: cap of prompt + output tokens (``0``: no cap).
+        sampling_params: SGLang sampling parameters for policy calls.
+        prompt: the instruction a CLI agent is started with.
+    """
+
+    instance_id: str
+    session_id: str
+    problem_statement: str
+    workdir: str
+    problem_statement_path: str
+    time_budget_sec: float
+    max_context_tokens: int = 0
+    sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
+    prompt: str = ""
+
+
+class AgentOutcome(msgspec.Struct, kw_only=True):
+    """What an agent's run produced.
+
+    Attributes:
+        exit_code: ``0`` for a normal finish, ``-1`` when the budget ran out, a CLI agent's exit
+            status otherwise (the bash agent reports ``1`` for a turn or context limit).
+        finish: how the run ended, see :data:`AgentFinish`.
+        turns: one :class:`~trio_swe.TurnRecord` per policy call, in order.
+        output: a transcript or log tail for humans.
+        command_sec: time spent inside the agent's commands in the sandbox.
+        policy_sec: time spent waiting for the policy.
+        n_commands: commands run.
+    """
+
+    exit_code: int
+    finish: AgentFinish
+    turns: list[TurnRecord] = msgspec.field(default_factory=list)
+    output: str = ""
+    command_sec: float = 0.0
+    policy_sec: float = 0.0
+    n_commands: int = 0
+
+
+@runtime_checkable
+class Agent(Protocol):
+    """Something that works on a task inside a sandbox.
+
+    Implementations return an :class:`AgentOutcome` for every task outcome, including a budget
+    overrun (``exit_code=-1``, ``finish="time_budget"``, the turns so far kept), and raise only
+    for infrastructure failures (:class:`~trio_swe.SandboxError`,
+    :class:`~trio_swe.agents.PolicyError`, :class:`~trio_swe.agents.AgentInstallError`).
+    """
+
+    name: str
+
+    async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
+        """Work on ``task`` in ``sandbox`` (already prepared) within ``task.time_budget_sec``."""
+        ...

@@ -1,0 +1,301 @@
+"""Awaiting trio_swe from asyncio: trio runs as a guest of the running asyncio loop.
+
+Most trainers (slime, verl, SkyRL) are asyncio programs. This module starts one trio run per
+asyncio event loop in guest mode (:func:`trio.lowlevel.start_guest_run`): trio's scheduler runs
+inside asyncio's loop on the same thread, so no threads hop between the two and every episode of
+the loop shares one trio run (and so one boot limiter). The guest run starts on first use and
+ends by itself when nothing is running.
+
+Cancellation crosses the bridge both ways:
+
+* cancelling the asyncio task that awaits :func:`run` (``task.cancel()``, ``asyncio.timeout``,
+  ``TaskGroup`` teardown) cancels the trio task, waits for its cleanup (sandboxes killed), then
+  raises :class:`asyncio.CancelledError` in the awaiter;
+* a cancellation on the trio side (for instance :func:`shutdown`) ends the awaiter with
+  :class:`asyncio.CancelledError`.
+
+Example::
+
+    import asyncio
+    from trio_swe import aio
+
+    async def main():
+        results = await asyncio.gather(
+            *(aio.run_episode(md, agent, backend=backend, config=config) for md in instances)
+        )
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from typing import Any, TypeVar
+
+import outcome
+import trio
+
+from .agents._types import Agent
+from .config import SweConfig
+from .episode import EpisodeResult
+from .grading import InstanceMetadata
+from .sandbox import Backend
+
+__all__ = ["run", "run_episode", "run_rollouts", "shutdown", "statistics"]
+
+T = TypeVar("T")
+
+
+class _Call:
+    """One trio task run on behalf of an asyncio awaiter."""
+
+    def __init__(self, done: asyncio.Future[Any]) -> None:
+        self.done = done
+        self.scope: trio.CancelScope | None = None
+        self.cancel_requested = False
+
+    def cancel(self) -> None:
+        # Runs in trio context (through the token).
+        self.cancel_requested = True
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+class _Guest:
+    """The trio guest run of one asyncio loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.ready: asyncio.Future[None] = loop.create_future()
+        self.finished: asyncio.Future[None] = loop.create_future()
+        self.accepting = True
+        self.active = 0
+        self.started_calls = 0
+        self.token: trio.lowlevel.TrioToken | None = None
+        self.nursery: trio.Nursery | None = None
+        self._idle: trio.Event | None = None
+
+    def start(self) -> None:
+        trio.lowlevel.start_guest_run(
+            self._main,
+            run_sync_soon_threadsafe=self.loop.call_soon_threadsafe,
+            run_sync_soon_not_threadsafe=self.loop.call_soon,
+            done_callback=self._on_done,
+            host_uses_signal_set_wakeup_fd=True,
+        )
+
+    async def _main(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        async with trio.open_nursery() as nursery:
+            self.nursery = nursery
+            self._idle = trio.Event()
+            if not self.ready.done():
+                self.ready.set_result(None)
+            await self._idle.wait()
+            nursery.cancel_scope.cancel()
+
+    def _on_done(self, result: outcome.Outcome[None]) -> None:
+        self.accepting = False
+        if not self.ready.done():
+            self.ready.set_exception(RuntimeError("the trio guest run ended before it started"))
+        if isinstance(result, outcome.Error):
+            if not self.finished.done():
+                self.finished.set_exception(result.error)
+        elif not self.finished.done():
+            self.finished.set_result(None)
+        _GUESTS.pop(self.loop, None)
+
+    def call_finished(self) -> None:
+        # Trio context. The last call out closes the run; a later call starts a new one.
+        self.active -= 1
+        if self.active == 0 and self._idle is not None:
+            self.accepting = False
+            self._idle.set()
+
+    def stop(self) -> None:
+        """Trio context: cancel everything and end the run."""
+        self.accepting = False
+        if self.nursery is not None:
+            self.nursery.cancel_scope.cancel()
+
+
+_GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Guest] = weakref.WeakKeyDictionary()
+
+
+async def _guest() -> _Guest:
+    loop = asyncio.get_running_loop()
+    while True:
+        guest = _GUESTS.get(loop)
+        if guest is None:
+            guest = _Guest(loop)
+            _GUESTS[loop] = guest
+            guest.start()
+        if guest.accepting:
+            await asyncio.shield(guest.ready)
+            if guest.accepting:
+                return guest
+        # A run that is closing: wait until it is gone, then start a fresh one.
+        await asyncio.wait([guest.finished])
+        if _GUESTS.get(loop) is guest:
+            _GUESTS.pop(loop, None)
+
+
+async def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """Run ``async_fn(*args)`` in trio (guest of the running asyncio loop) and return its result.
+
+    Exceptions propagate to the awaiter. Cancelling the awaiter cancels the trio task and waits
+    for its cleanup before :class:`asyncio.CancelledError` is raised; a trio-side cancellation
+    raises :class:`asyncio.CancelledError` in the awaiter.
+    """
+    guest = await _guest()
+    loop = guest.loop
+    done: asyncio.Future[T] = loop.create_future()
+    call = _Call(done)
+    guest.active += 1
+    guest.started_calls += 1
+
+    def settle(value: Any = None, error: BaseException | None = None) -> None:
+        if done.done():
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(value)
+
+    async def runner() -> None:
+        try:
+            with trio.CancelScope() as scope:
+                call.scope = scope
+                if call.cancel_requested:
+                    scope.cancel()
+                value = await async_fn(*args)
+                settle(value)
+            if scope.cancelled_caught:
+                settle(error=asyncio.CancelledError())
+        except trio.Cancelled:
+            # Cancelled from the trio side (shutdown): the awaiter sees CancelledError.
+            settle(error=asyncio.CancelledError())
+            raise
+        except BaseException as exc:  # handed to the awaiter, not to the guest run
+            settle(error=exc)
+        finally:
+            guest.call_finished()
+
+    def start() -> None:
+        assert guest.nursery is not None
+        guest.nursery.start_soon(runner)
+
+    assert guest.token is not None
+    guest.token.run_sync_soon(start)
+    try:
+        return await asyncio.shield(done)
+    except asyncio.CancelledError:
+        if done.done():
+            raise  # trio's own cancellation, or we lost a race with completion: final
+        guest.token.run_sync_soon(call.cancel)
+        # Wait until the trio side has cleaned up (sandboxes killed), even if cancelled again.
+        while not done.done():
+            try:
+                await asyncio.wait([done])
+            except asyncio.CancelledError:
+                continue
+        if not done.cancelled():
+            done.exception()  # retrieved: it is a CancelledError or a late result
+        raise
+
+
+async def run_episode(
+    md: InstanceMetadata,
+    agent: Agent,
+    *,
+    backend: Backend,
+    config: SweConfig | None = None,
+    **kwargs: Any,
+) -> EpisodeResult:
+    """:func:`trio_swe.run_episode`, awaited from asyncio (same arguments)."""
+    from .episode import run_episode as _run_episode
+
+    fn = functools.partial(_run_episode, md, agent, backend=backend, config=config, **kwargs)
+    return await run(fn)
+
+
+async def run_rollouts(
+    instances: Iterable[InstanceMetadata],
+    agent: Agent,
+    *,
+    backend: Backend,
+    config: SweConfig | None = None,
+    concurrency: int = 4,
+    sampling_params: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[EpisodeResult]:
+    """:func:`trio_swe.run_rollouts` as an asyncio async generator of results.
+
+    Closing the generator early (``break`` out of ``async for``, or cancelling the consumer)
+    cancels the episodes still running.
+    """
+    from .rollout import run_rollouts as _run_rollouts
+
+    queue: asyncio.Queue[tuple[bool, EpisodeResult | None]] = asyncio.Queue()
+
+    async def pump() -> None:
+        async with _run_rollouts(
+            instances,
+            agent,
+            backend=backend,
+            config=config,
+            concurrency=concurrency,
+            sampling_params=sampling_params,
+            **kwargs,
+        ) as results:
+            async for result in results:
+                queue.put_nowait((True, result))
+        queue.put_nowait((False, None))
+
+    task = asyncio.ensure_future(run(pump))
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                task.result()  # the pump failed: raise its error
+                return
+            more, result = getter.result()
+            if not more:
+                return
+            assert result is not None
+            yield result
+    finally:
+        if not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+
+
+async def shutdown() -> None:
+    """Cancel every trio task of this loop's guest run and wait for the run to end.
+
+    Their awaiters get :class:`asyncio.CancelledError`. A later call starts a fresh run.
+    """
+    loop = asyncio.get_running_loop()
+    guest = _GUESTS.get(loop)
+    if guest is None or guest.token is None:
+        return
+    guest.token.run_sync_soon(guest.stop)
+    await asyncio.wait([guest.finished])
+
+
+def statistics() -> Mapping[str, int]:
+    """About this loop's guest run: ``running`` (0/1), ``active`` calls, ``calls`` started."""
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return {"running": 0, "active": 0, "calls": 0}
+    guest = _GUESTS.get(loop)
+    if guest is None:
+        return {"running": 0, "active": 0, "calls": 0}
+    return {"running": 1, "active": guest.active, "calls": guest.started_calls}

@@ -1,0 +1,517 @@
+"""One episode: boot a sandbox, let an agent work, take its patch, grade it, build samples.
+
+:func:`run_episode` owns the agent's sandbox for exactly the agent phase (it is killed before
+grading starts), grades in a fresh sandbox, and returns an :class:`EpisodeResult` for every
+outcome that is not a cancellation. Task outcomes (the agent failing, the patch not applying, the
+tests timing out) are ordinary results; infrastructure failures (boot failed after retries, a
+sandbox died, the policy server is unreachable, the eval environment broke, the outer guard
+fired) give ``status == "aborted"`` with a typed :data:`AbortReason`, so a trainer drops the
+episode instead of training on a fake zero reward.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import shlex
+import time
+import uuid
+from collections.abc import Mapping
+from contextlib import AsyncExitStack
+from typing import Any, Literal
+
+import msgspec
+import trio
+
+from ._errors import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    SandboxBootError,
+    SandboxError,
+    TrioSweError,
+)
+from .agents._harness import AgentInstallError
+from .agents._policy import PolicyError
+from .agents._types import Agent, AgentOutcome, AgentTask
+from .config import SweConfig
+from .grading import EvalResult, InstanceMetadata, evaluability_check, run_evaluation
+from .sandbox import Backend, Sandbox, SandboxSpec, open_sandbox
+from .sandbox._detached import exec_and_wait
+from .trajectory import Sample, SampleBuilder
+
+__all__ = [
+    "AbortReason",
+    "EpisodeResult",
+    "EpisodeStatus",
+    "PhaseTimings",
+    "run_episode",
+]
+
+logger = logging.getLogger("trio_swe.episode")
+
+#: ``completed``: the agent finished by itself; ``truncated``: it was cut short (time budget,
+#: turn limit, context cap) and was graded anyway; ``aborted``: infrastructure failure, drop it.
+EpisodeStatus = Literal["completed", "truncated", "aborted"]
+
+#: Why an episode was aborted. All are infrastructure outcomes, never the agent's fault.
+AbortReason = Literal[
+    "unevaluable",  # the row cannot be graded (checked before anything boots)
+    "boot_failed",  # the agent sandbox did not boot after the retries
+    "setup_failed",  # pre-commands or workspace preparation failed
+    "sandbox_error",  # a sandbox died or became unreachable mid-episode
+    "agent_install_failed",  # a CLI agent could not be installed
+    "policy_error",  # the policy server failed
+    "patch_failed",  # the patch could not be taken from the sandbox
+    "eval_infrastructure",  # the eval sandbox or its setup failed
+    "guard_timeout",  # the outer guard (agent + setup + eval + headroom) fired
+    "internal_error",  # a bug; the traceback is logged
+]
+
+#: The harness's own files in the workdir, never part of the patch.
+PROBLEM_STATEMENT_FILE = "PROBLEM_STATEMENT.md"
+HARNESS_DIR = ".harness"
+_EXCLUDES = (PROBLEM_STATEMENT_FILE, HARNESS_DIR)
+#: Grace on top of the agent's own budget before the episode cancels an agent that overran it.
+AGENT_GRACE_SEC = 30.0
+_SHORT_TIMEOUT_SEC = 120.0
+
+
+class PhaseTimings(msgspec.Struct, kw_only=True):
+    """Wall-clock seconds of each phase of an episode (0 for phases that did not run).
+
+    ``agent_commands`` and ``agent_policy`` are the parts of ``agent`` spent in the agent's
+    commands and waiting for the policy; ``eval_tests`` is the part of ``eval`` spent running
+    the tests. What remains of ``total`` is the library's own overhead.
+    """
+
+    boot: float = 0.0
+    setup: float = 0.0
+    agent: float = 0.0
+    patch: float = 0.0
+    kill: float = 0.0
+    eval: float = 0.0
+    samples: float = 0.0
+    total: float = 0.0
+    agent_commands: float = 0.0
+    agent_policy: float = 0.0
+    eval_tests: float = 0.0
+
+    @property
+    def overhead(self) -> float:
+        """``total`` minus the agent's commands, the policy and the graded tests."""
+        return max(self.total - self.agent_commands - self.agent_policy - self.eval_tests, 0.0)
+
+
+class EpisodeResult(msgspec.Struct, kw_only=True):
+    """Everything one episode produced.
+
+    Attributes:
+        instance_id: the instance.
+        episode_id: unique per episode (the policy's routing key).
+        protocol: the grading protocol.
+        status: ``completed``, ``truncated`` or ``aborted`` (see :data:`EpisodeStatus`).
+        abort_reason: why it was aborted (None otherwise).
+        error: a one-line description of the failure behind ``abort_reason``.
+        reward: the grader's reward (0.0 for aborted episodes: do not train on it).
+        eval_result: the grader's full result, when grading ran.
+        samples: training samples built from the agent's turns (empty for aborted episodes and
+            for agents that record no turns).
+        agent_exit_code: ``0`` normal finish, ``-1`` time budget, else the agent's status.
+        agent_finish: how the agent's run ended (``submitted``, ``time_budget``, ...).
+        n_turns: policy calls made by the agent.
+        patch: the agent's change as ``git diff --binary`` against the base commit.
+        base_commit: the commit the patch is taken against.
+        timings: seconds per phase.
+        boot_attempts: sandbox creations tried (agent and eval sandboxes).
+        boot_retries: creations that failed and were retried.
+        agent_output: the tail of the agent's transcript or log.
+    """
+
+    instance_id: str
+    episode_id: str
+    protocol: str
+    status: EpisodeStatus
+    abort_reason: AbortReason | None = None
+    error: str | None = None
+    reward: float = 0.0
+    eval_result: EvalResult | None = None
+    samples: list[Sample] = msgspec.field(default_factory=list)
+    agent_exit_code: int | None = None
+    agent_finish: str | None = None
+    n_turns: int = 0
+    patch: str = ""
+    base_commit: str | None = None
+    timings: PhaseTimings = msgspec.field(default_factory=PhaseTimings)
+    boot_attempts: int = 0
+    boot_retries: int = 0
+    agent_output: str = ""
+
+    @property
+    def dropped(self) -> bool:
+        """True when a trainer should drop this episode (infrastructure failure)."""
+        return self.status == "aborted"
+
+
+class _Abort(Exception):
+    """Internal: end the episode as aborted."""
+
+    def __init__(self, reason: AbortReason, error: str) -> None:
+        super().__init__(error)
+        self.reason: AbortReason = reason
+        self.error = error
+
+
+_BOOT_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
+    "trio_swe_boot_limiter"
+)
+
+
+def boot_limiter(config: SweConfig) -> trio.CapacityLimiter:
+    """The boot limiter shared by every episode of the current trio run.
+
+    Created on first use with ``config.boot_concurrency`` tokens; later calls return the same
+    limiter (its ``total_tokens`` can be changed at any time).
+    """
+    try:
+        return _BOOT_LIMITER.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(config.boot_concurrency)
+        _BOOT_LIMITER.set(limiter)
+        return limiter
+
+
+class _BootingBackend:
+    """Wraps a backend: bounded, jittered retries and the shared limiter around every boot.
+
+    Used for the agent's sandbox and handed to the grader for the eval sandbox, so both boots
+    share the limit and the retry policy, and the episode counts their attempts.
+    """
+
+    def __init__(self, backend: Backend, limiter: trio.CapacityLimiter, config: SweConfig) -> None:
+        self._backend = backend
+        self._limiter = limiter
+        self._config = config
+        self.name = backend.name
+        self.attempts = 0
+        self.retries = 0
+
+    def statistics(self) -> Mapping[str, Any]:
+        return self._backend.statistics()
+
+    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
+        cfg = self._config
+        last: SandboxError | None = None
+        for attempt in range(cfg.boot_retries + 1):
+            if attempt:
+                self.retries += 1
+                cap = min(cfg.boot_backoff_max_sec, cfg.boot_backoff_sec * 2 ** (attempt - 1))
+                await trio.sleep(random.uniform(0, cap))  # full jitter
+            self.attempts += 1
+            async with self._limiter:
+                try:
+                    return await self._backend.create_sandbox(spec, nursery)
+                except BackendUnavailableError:
+                    raise  # this machine cannot do it; retrying will not help
+                except SandboxError as exc:
+                    last = exc
+                    logger.warning(
+                        "boot attempt %d/%d of %s failed: %s",
+                        attempt + 1,
+                        cfg.boot_retries + 1,
+                        spec.image,
+                        exc,
+                    )
+        assert last is not None
+        raise SandboxBootError(
+            f"sandbox for {spec.image!r} did not boot after {cfg.boot_retries + 1} attempts: {last}"
+        ) from last
+
+
+def _setup_script(md: InstanceMetadata) -> str | None:
+    """The shell lines that put the workspace in its graded state (pre-commands), or None."""
+    grading: Any = md.grading
+    lines: list[str] = []
+    swepro = getattr(grading, "swepro", None)
+    before = getattr(swepro, "before_repo_set_cmd", "") if swepro is not None else ""
+    if before and before.strip():
+        lines.append(before)
+    lines.extend(c for c in getattr(grading, "pre_commands", ()) if c and c.strip())
+    if not lines:
+        return None
+    return "set -e\n" + "\n".join(lines) + "\n"
+
+
+async def _prepare_workspace(
+    sb: Sandbox, md: InstanceMetadata, agent_user: str, config: SweConfig
+) -> str:
+    """Run the pre-commands, make the workdir the agent's, write the problem statement.
+
+    Returns the base commit the patch will be taken against (recorded after the pre-commands,
+    which often check out the instance's base).
+    """
+    wd = shlex.quote(md.workdir)
+    script = _setup_script(md)
+    if script is not None:
+        result = await exec_and_wait(
+            sb,
+            script,
+            time_budget_sec=config.setup_timeout_sec,
+            user="root",
+            workdir=md.workdir,
+            want_output=True,
+        )
+        if not result.ok:
+            raise _Abort(
+                "setup_failed",
+                f"pre-commands failed (exit {result.exit_code}, {result.reason}): "
+                f"{result.output[-500:]}",
+            )
+    # A workdir that is not a git repository gets one, so the patch has a base.
+    base = await sb.exec(
+        f"cd {wd} && (git rev-parse -q --verify HEAD || (git init -q && git add -A && "
+        "git -c user.name=trio-swe -c user.email=trio-swe@localhost commit -q "
+        "--allow-empty -m base && git rev-parse HEAD))",
+        user="root",
+        timeout=_SHORT_TIMEOUT_SEC,
+    )
+    commit = base.output.strip().splitlines()[-1] if base.ok and base.output.strip() else ""
+    if not commit:
+        raise _Abort("setup_failed", f"cannot record the base commit: {base.output[-300:]}")
+    excludes = "".join(f"/{name}\n" for name in _EXCLUDES)
+    chown = f" && chown -R {shlex.quote(agent_user)}: {wd}" if agent_user != "root" else ""
+    prep = await sb.exec(
+        f"cd {wd} && printf %s {shlex.quote(excludes)} >> .git/info/exclude{chown}",
+        user="root",
+        timeout=_SHORT_TIMEOUT_SEC,
+    )
+    if not prep.ok:
+        raise _Abort("setup_failed", f"workspace preparation failed: {prep.output[-300:]}")
+    await sb.write_file(
+        f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
+        md.problem_statement,
+        user=agent_user,
+    )
+    return commit
+
+
+async def take_patch(sb: Sandbox, workdir: str, base_commit: str, *, agent_user: str) -> str:
+    """The agent's change: new files included (``git add -N``), binary-safe, against the base.
+
+    The agent's leftover processes are killed first so the tree is not changing under ``git``.
+    Harness files (the problem statement, ``.harness/``) are excluded.
+    """
+    wd = shlex.quote(workdir)
+    out = f"/tmp/trio_swe-patch-{uuid.uuid4().hex[:12]}.diff"
+    excludes = " ".join(shlex.quote(f":(exclude){name}") for name in _EXCLUDES)
+    kill = f"pkill -KILL -u {shlex.quote(agent_user)} 2>/dev/null; " if agent_user != "root" else ""
+    result = await sb.exec(
+        f"{kill}cd {wd} && git add -N . && "
+        f"git diff --binary --no-color --no-ext-diff {shlex.quote(base_commit)} -- . {excludes} "
+        f"> {shlex.quote(out)}",
+        user="root",
+        timeout=_SHORT_TIMEOUT_SEC,
+    )
+    if not result.ok:
+        raise _Abort("patch_failed", f"git diff failed (exit {result.exit_code}): {result.output}")
+    data = await sb.read_file(out)
+    return data.decode("utf-8", errors="replace")
+
+
+def _status_of(outcome: AgentOutcome) -> EpisodeStatus:
+    if outcome.finish in ("time_budget", "turn_limit", "context_limit"):
+        return "truncated"
+    return "completed"
+
+
+async def run_episode(
+    md: InstanceMetadata,
+    agent: Agent,
+    *,
+    backend: Backend,
+    config: SweConfig | None = None,
+    episode_id: str | None = None,
+    sampling_params: Mapping[str, Any] | None = None,
+    limiter: trio.CapacityLimiter | None = None,
+    network: bool = True,
+    build_samples: bool = True,
+) -> EpisodeResult:
+    """Run one episode of ``agent`` on instance ``md`` and grade it.
+
+    Phases: check the row is gradable; boot the agent's sandbox (bounded retries with jittered
+    backoff, under the boot limiter shared by all episodes of this trio run); prepare the
+    workspace; run the agent under its budget; take the patch; kill the sandbox; grade the
+    patch in a fresh sandbox; build samples capped at ``config.max_context_tokens``. An outer
+    guard (``config.guard_sec``) bounds the whole episode.
+
+    Cancellation propagates (nothing is returned); the sandboxes are killed on the way out.
+
+    Args:
+        md: the instance, from :func:`trio_swe.grading.get_metadata`.
+        agent: who works on it (e.g. :class:`~trio_swe.agents.BashAgent`).
+        backend: where sandboxes come from.
+        config: budgets and limits; :meth:`SweConfig.from_env` when None.
+        episode_id: unique id (the policy's routing key); a fresh one when None.
+        sampling_params: SGLang sampling parameters for the agent's policy calls.
+        limiter: the boot limiter; :func:`boot_limiter` of this trio run when None.
+        network: whether the agent's sandbox gets network access.
+        build_samples: False skips the samples (evaluation runs).
+
+    Returns:
+        The result; see :class:`EpisodeResult`.
+    """
+    cfg = config if config is not None else SweConfig.from_env()
+    eid = episode_id or f"{md.instance_id}#{uuid.uuid4().hex[:12]}"
+    started = time.monotonic()
+    timings = PhaseTimings()
+    booting = _BootingBackend(backend, limiter or boot_limiter(cfg), cfg)
+    result = EpisodeResult(
+        instance_id=md.instance_id, episode_id=eid, protocol=md.protocol, status="aborted"
+    )
+
+    def abort(reason: AbortReason, error: str) -> EpisodeResult:
+        result.status = "aborted"
+        result.abort_reason = reason
+        result.error = error
+        result.reward = 0.0
+        result.samples = []
+        return result
+
+    try:
+        with trio.move_on_after(cfg.guard_sec) as guard:
+            try:
+                unevaluable = evaluability_check(md)
+                if unevaluable:
+                    return abort("unevaluable", unevaluable)
+                await _episode_body(
+                    md,
+                    agent,
+                    booting,
+                    cfg,
+                    result,
+                    timings,
+                    sampling_params,
+                    network,
+                    build_samples,
+                )
+            except _Abort as exc:
+                return abort(exc.reason, exc.error)
+            except SandboxBootError as exc:
+                return abort("boot_failed", str(exc))
+            except BackendUnavailableError as exc:
+                return abort("boot_failed", str(exc))
+            except SandboxError as exc:
+                return abort("sandbox_error", f"{type(exc).__name__}: {exc}")
+            except PolicyError as exc:
+                return abort("policy_error", str(exc))
+            except AgentInstallError as exc:
+                return abort("agent_install_failed", str(exc))
+            except (TrioSweError, InvalidArgumentError, Exception) as exc:
+                logger.exception("episode %s failed with an unexpected error", eid)
+                return abort("internal_error", f"{type(exc).__name__}: {exc}")
+        if guard.cancelled_caught:
+            return abort("guard_timeout", f"the episode outlived its guard of {cfg.guard_sec:g} s")
+        return result
+    finally:
+        timings.total = time.monotonic() - started
+        result.timings = timings
+        result.boot_attempts = booting.attempts
+        result.boot_retries = booting.retries
+
+
+async def _episode_body(
+    md: InstanceMetadata,
+    agent: Agent,
+    backend: _BootingBackend,
+    cfg: SweConfig,
+    result: EpisodeResult,
+    timings: PhaseTimings,
+    sampling_params: Mapping[str, Any] | None,
+    network: bool,
+    build_samples: bool,
+) -> None:
+    agent_user = str(getattr(agent, "user", "agent"))
+    async with AsyncExitStack() as stack:
+        t0 = time.monotonic()
+        sb = await stack.enter_async_context(
+            open_sandbox(
+                backend,
+                md.image,
+                workdir=md.workdir,
+                network=network,
+                ttl_sec=cfg.guard_sec,
+                metadata={
+                    "instance_id": md.instance_id[:200],
+                    "episode_id": result.episode_id[:200],
+                },
+            )
+        )
+        t1 = time.monotonic()
+        timings.boot = t1 - t0
+        base = await _prepare_workspace(sb, md, agent_user, cfg)
+        result.base_commit = base
+        t2 = time.monotonic()
+        timings.setup = t2 - t1
+
+        task = AgentTask(
+            instance_id=md.instance_id,
+            session_id=result.episode_id,
+            problem_statement=md.problem_statement,
+            workdir=md.workdir,
+            problem_statement_path=f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
+            time_budget_sec=cfg.agent_time_budget_sec,
+            max_context_tokens=cfg.max_context_tokens,
+            sampling_params=dict(sampling_params or {}),
+        )
+        outcome: AgentOutcome | None = None
+        # The agent keeps its own budget and returns its turns; this scope only catches an
+        # agent that ignores it.
+        with trio.move_on_after(cfg.agent_time_budget_sec + AGENT_GRACE_SEC):
+            outcome = await agent.run(sb, task)
+        if outcome is None:
+            outcome = AgentOutcome(exit_code=-1, finish="time_budget")
+        t3 = time.monotonic()
+        timings.agent = t3 - t2
+        timings.agent_commands = outcome.command_sec
+        timings.agent_policy = outcome.policy_sec
+        result.agent_exit_code = outcome.exit_code
+        result.agent_finish = outcome.finish
+        result.n_turns = len(outcome.turns)
+        result.agent_output = outcome.output[-4000:]
+
+        result.patch = await take_patch(sb, md.workdir, base, agent_user=agent_user)
+        t4 = time.monotonic()
+        timings.patch = t4 - t3
+    t5 = time.monotonic()
+    timings.kill = t5 - t4
+
+    try:
+        eval_result = await run_evaluation(
+            backend, md, result.patch, timeout_sec=cfg.eval_timeout_sec
+        )
+    except SandboxError as exc:
+        raise _Abort("eval_infrastructure", f"{type(exc).__name__}: {exc}") from exc
+    t6 = time.monotonic()
+    timings.eval = t6 - t5
+    timings.eval_tests = float(eval_result.durations.get("tests", 0.0))
+    result.eval_result = eval_result
+    if eval_result.infra_failure:
+        raise _Abort("eval_infrastructure", f"{eval_result.reason}: {eval_result.detail}")
+    result.reward = eval_result.reward
+    result.status = _status_of(outcome)
+
+    if build_samples and outcome.turns:
+        builder = SampleBuilder(max_sample_tokens=cfg.max_context_tokens or None)
+        for turn in outcome.turns:
+            builder.add(turn)
+        result.samples = builder.finish(
+            reward=eval_result.reward,
+            metadata={
+                "instance_id": md.instance_id,
+                "episode_id": result.episode_id,
+                "grading_solved": eval_result.resolved,
+                "agent_exit_code": outcome.exit_code,
+                "agent_finish": outcome.finish,
+                "episode_status": result.status,
+            },
+        )
+    timings.samples = time.monotonic() - t6

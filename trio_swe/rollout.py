@@ -1,0 +1,230 @@
+"""Many episodes: ``run_rollouts`` streams results as they finish; ``generate`` plugs into slime.
+
+``run_rollouts`` runs episodes with a concurrency limit inside its own nursery and hands each
+:class:`~trio_swe.EpisodeResult` out the moment it is ready. Leaving the block early cancels the
+episodes still running (their sandboxes are killed on the way out).
+
+``generate(args, sample, sampling_params, evaluation=False)`` has the signature of slime's custom
+generate functions (``--custom-generate-function-path trio_swe.generate``). slime runs asyncio, so
+it drives the episode through :mod:`trio_swe.aio`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import trio
+
+from ._errors import ConfigError, MetadataError
+from .agents._harness import create_agent
+from .agents._types import Agent
+from .config import SweConfig
+from .episode import EpisodeResult, boot_limiter, run_episode
+from .grading import InstanceMetadata, get_metadata
+from .sandbox import Backend
+
+__all__ = ["generate", "run_rollouts"]
+
+
+@asynccontextmanager
+async def run_rollouts(
+    instances: Iterable[InstanceMetadata],
+    agent: Agent,
+    *,
+    backend: Backend,
+    config: SweConfig | None = None,
+    concurrency: int = 4,
+    sampling_params: Mapping[str, Any] | None = None,
+    network: bool = True,
+    build_samples: bool = True,
+    episode_id: Callable[[InstanceMetadata], str] | None = None,
+) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
+    """Run one episode per instance, at most ``concurrency`` at a time; stream the results.
+
+    Use it as an async context manager whose value is an async iterator of results, in the
+    order they finish::
+
+        async with run_rollouts(mds, agent, backend=LocalBackend(), concurrency=8) as results:
+            async for result in results:
+                print(result.instance_id, result.status, result.reward)
+
+    Leaving the block before the iterator is exhausted cancels the episodes still running.
+    Instances are pulled from ``instances`` lazily, only when a slot is free.
+
+    Args:
+        instances: the instances (from :func:`trio_swe.grading.get_metadata`).
+        agent: the agent every episode uses (it must be safe to run concurrently, as the
+            built-in agents are).
+        backend: where sandboxes come from.
+        config: budgets and limits; :meth:`SweConfig.from_env` when None.
+        concurrency: episodes running at once (boots are further limited by
+            ``config.boot_concurrency``).
+        sampling_params: SGLang sampling parameters for every policy call.
+        network: whether agent sandboxes get network access.
+        build_samples: False skips building samples.
+        episode_id: makes each episode's id from its instance (default: a fresh unique id).
+    """
+    if concurrency < 1:
+        raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
+    cfg = config if config is not None else SweConfig.from_env()
+    shared_boot = boot_limiter(cfg)
+    send, receive = trio.open_memory_channel[EpisodeResult](math.inf)
+    slots = trio.CapacityLimiter(concurrency)
+
+    async def one(
+        md: InstanceMetadata, borrower: object, out: trio.MemorySendChannel[EpisodeResult]
+    ) -> None:
+        async with out:
+            try:
+                result = await run_episode(
+                    md,
+                    agent,
+                    backend=backend,
+                    config=cfg,
+                    episode_id=episode_id(md) if episode_id is not None else None,
+                    sampling_params=sampling_params,
+                    limiter=shared_boot,
+                    network=network,
+                    build_samples=build_samples,
+                )
+            finally:
+                slots.release_on_behalf_of(borrower)
+            await out.send(result)
+
+    async def drive(nursery: trio.Nursery) -> None:
+        async with send:
+            for md in instances:
+                borrower = object()  # equal instances (n samples per prompt) need their own token
+                await slots.acquire_on_behalf_of(borrower)
+                nursery.start_soon(one, md, borrower, send.clone())
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(drive, nursery)
+        async with receive:
+            yield receive
+        # The consumer is done (exhausted the results, or left early): stop what still runs.
+        nursery.cancel_scope.cancel()
+
+
+# --- slime's custom generate ---------------------------------------------------------------
+
+_AGENTS: dict[tuple[str, str], Agent] = {}
+_BACKENDS: dict[str, Backend] = {}
+
+
+def _backend_from_env() -> Backend:
+    name = os.environ.get("SWE_BACKEND", "local").strip() or "local"
+    if name not in _BACKENDS:
+        if name != "local":
+            raise ConfigError(f"SWE_BACKEND={name!r} is not supported by generate(); use 'local'")
+        from .sandbox.local import LocalBackend
+
+        _BACKENDS[name] = LocalBackend()
+    return _BACKENDS[name]
+
+
+def _policy_url(args: Any, config: SweConfig) -> str:
+    ip = getattr(args, "sglang_router_ip", None)
+    port = getattr(args, "sglang_router_port", None)
+    if ip and port:
+        return f"http://{ip}:{port}"
+    return config.policy_url
+
+
+def _slime_abort(sample: Any, reason: str, instance_id: str) -> Any:
+    """slime's convention for a sample that must not be trained on."""
+    out = copy.copy(sample)
+    out.tokens = [0, 0]
+    out.response = ""
+    out.response_length = 1
+    out.loss_mask = [0]
+    out.rollout_log_probs = [0.0]
+    out.reward = 0.0
+    out.remove_sample = True
+    out.metadata = {**(getattr(sample, "metadata", None) or {}), "abort_reason": reason}
+    out.metadata["instance_id"] = instance_id
+    _set_status(out, "aborted")
+    return out
+
+
+def _set_status(sample: Any, status: str) -> None:
+    enum = getattr(type(sample), "Status", None)
+    sample.status = getattr(enum, status.upper()) if enum is not None else status
+
+
+async def generate(
+    args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False
+) -> Any:
+    """slime's custom generate function: one episode for ``sample``, from asyncio.
+
+    The protocol is ``SWE_EVAL_PROTOCOL`` when ``evaluation`` else ``SWE_TRAIN_PROTOCOL``; the
+    agent is ``SWE_AGENT`` (the bash agent calls SGLang at ``args.sglang_router_ip:port``); the
+    backend is ``SWE_BACKEND`` (``local``). Returns a list of slime samples (copies of
+    ``sample`` with our fields set), or one aborted sample (``remove_sample=True``,
+    ``metadata["abort_reason"]``) for infrastructure failures and unreadable rows. For
+    ``evaluation`` it returns one sample carrying the reward, with ``remove_sample=True``.
+    """
+    from . import aio
+
+    config = SweConfig.from_env()
+    protocol = config.protocol_for(evaluation=evaluation)
+    try:
+        md = get_metadata(sample, protocol)
+    except MetadataError as exc:
+        return [_slime_abort(sample, f"metadata:{exc}", "unknown")]
+    url = _policy_url(args, config)
+    key = (config.agent, url)
+    if key not in _AGENTS:
+        _AGENTS[key] = create_agent(_with_policy_url(config, url))
+    session_id = getattr(sample, "session_id", None) or None
+    result = await aio.run_episode(
+        md,
+        _AGENTS[key],
+        backend=_backend_from_env(),
+        config=config,
+        episode_id=str(session_id) if session_id else None,
+        sampling_params=sampling_params,
+        build_samples=not evaluation,
+    )
+    if result.status == "aborted":
+        return [_slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)]
+    extra = {
+        "instance_id": md.instance_id,
+        "grading_solved": bool(result.eval_result and result.eval_result.resolved),
+        "applied_cleanly": bool(result.eval_result and result.eval_result.applied_cleanly),
+        "agent_exit_code": result.agent_exit_code,
+        "episode_status": result.status,
+    }
+    if evaluation or not result.samples:
+        out = _slime_abort(
+            sample, "evaluation" if evaluation else "no_trained_turns", md.instance_id
+        )
+        out.reward = result.reward
+        out.metadata.update(extra)
+        if evaluation:
+            out.metadata.pop("abort_reason", None)
+            _set_status(out, "completed")
+        return [out]
+    outs = []
+    for s in result.samples:
+        out = copy.copy(sample)
+        fields = s.to_slime_dict()
+        status = fields.pop("status")
+        meta = {**(getattr(sample, "metadata", None) or {}), **fields.pop("metadata"), **extra}
+        for name, value in fields.items():
+            setattr(out, name, value)
+        out.metadata = meta
+        _set_status(out, status)
+        outs.append(out)
+    return outs
+
+
+def _with_policy_url(config: SweConfig, url: str) -> SweConfig:
+    import msgspec
+
+    return msgspec.structs.replace(config, policy_url=url)

@@ -1,0 +1,271 @@
+"""A scripted, SGLang-compatible policy server on loopback, for demos and tests.
+
+It is a real HTTP/1.1 server (h11 over trio sockets) that answers SGLang's ``POST /generate``
+(``input_ids`` + ``sampling_params`` + ``return_logprob``) with completions replayed from a
+script, tokenized by a given tokenizer, with deterministic log-probs
+(:func:`scripted_logprob`), so a test can check every log-prob of a sample against the token it
+belongs to. It is stateless per request: the script is chosen by a key found in the decoded prompt
+(``Instance: <key>`` by default) and the turn by how many times the assistant header occurs in
+it, so concurrent episodes, retries and resumed runs all replay consistently.
+
+Also served: ``POST /abort_request`` (cancels a pending generation with that ``rid``), ``GET
+/health`` and ``GET /get_model_info``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import Any
+
+import h11
+import msgspec
+import trio
+
+from ..agents._tokenizer import ByteTokenizer, Tokenizer
+
+__all__ = [
+    "ScriptedCompletion",
+    "ScriptedPolicyServer",
+    "open_scripted_policy_server",
+    "scripted_logprob",
+]
+
+#: The assistant header of the bash agent's chat format; one occurrence per turn in a prompt.
+DEFAULT_TURN_MARKER = "<|im_start|>assistant\n"
+#: Where the script key is found in the decoded prompt.
+DEFAULT_KEY_PATTERN = r"^Instance: (\S+)\s*$"
+#: What the policy says once its script is exhausted (or for an unknown key).
+DEFAULT_FALLBACK = "Nothing left to do.\n```bash\nsubmit\n```"
+#: Appended to every completion, as a chat model ends its turn.
+END_OF_TURN = "<|im_end|>"
+
+_MAX_BODY = 64 * 1024 * 1024
+
+
+def scripted_logprob(token_id: int, position: int) -> float:
+    """The log-prob the scripted server reports for ``token_id`` at ``position`` of an output.
+
+    Deterministic and different for neighbouring positions, so a test can prove each log-prob of
+    a sample is aligned with its own token.
+    """
+    return -(((token_id * 31 + position * 7) % 97) + 1) / 100.0
+
+
+class ScriptedCompletion(msgspec.Struct, frozen=True):
+    """One scripted completion: its text and how long the "generation" takes."""
+
+    text: str
+    delay_sec: float = 0.0
+
+
+class _GenerateRequest(msgspec.Struct):
+    input_ids: list[int]
+    rid: str | None = None
+    sampling_params: dict[str, Any] = {}
+    return_logprob: bool = False
+
+
+class _AbortRequest(msgspec.Struct):
+    rid: str = ""
+
+
+class ScriptedPolicyServer:
+    """The running server; obtain it from :func:`open_scripted_policy_server`."""
+
+    def __init__(
+        self,
+        scripts: Mapping[str, Sequence[str | ScriptedCompletion]],
+        *,
+        tokenizer: Tokenizer,
+        turn_marker: str,
+        key_pattern: str,
+        fallback: str,
+    ) -> None:
+        self._scripts = {
+            key: [c if isinstance(c, ScriptedCompletion) else ScriptedCompletion(c) for c in seq]
+            for key, seq in scripts.items()
+        }
+        self._tokenizer = tokenizer
+        self._turn_marker = turn_marker
+        self._key_re = re.compile(key_pattern, re.MULTILINE)
+        self._fallback = fallback
+        self._pending: dict[str, trio.CancelScope] = {}
+        self.aborted_rids: list[str] = []
+        self.port = 0
+        self._stats = {"requests": 0, "generations": 0, "aborts": 0, "active": 0, "errors": 0}
+
+    @property
+    def url(self) -> str:
+        """Base URL, e.g. ``http://127.0.0.1:41234``."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def statistics(self) -> Mapping[str, int]:
+        """Requests, generations, aborts, generations in flight, malformed requests."""
+        return dict(self._stats)
+
+    def completion_for(self, prompt: str) -> ScriptedCompletion:
+        """What the script answers to the decoded ``prompt`` (exposed for tests)."""
+        match = self._key_re.search(prompt)
+        script = self._scripts.get(match.group(1), []) if match else []
+        turn = max(prompt.count(self._turn_marker) - 1, 0)
+        if turn < len(script):
+            return script[turn]
+        return ScriptedCompletion(self._fallback)
+
+    async def _generate(self, body: bytes) -> tuple[int, bytes]:
+        try:
+            request = msgspec.json.decode(body, type=_GenerateRequest)
+        except msgspec.DecodeError as exc:
+            self._stats["errors"] += 1
+            return 400, msgspec.json.encode({"error": str(exc)})
+        self._stats["generations"] += 1
+        prompt = self._tokenizer.decode(request.input_ids)
+        completion = self.completion_for(prompt)
+        ids = self._tokenizer.encode(completion.text + END_OF_TURN, add_special_tokens=False)
+        finish = "stop"
+        max_new = request.sampling_params.get("max_new_tokens")
+        if isinstance(max_new, int) and 0 <= max_new < len(ids):
+            ids = ids[:max_new]
+            finish = "length"
+        rid = request.rid or ""
+        with trio.CancelScope() as scope:
+            if rid:
+                self._pending[rid] = scope
+            self._stats["active"] += 1
+            try:
+                await trio.sleep(completion.delay_sec)
+            finally:
+                self._stats["active"] -= 1
+                self._pending.pop(rid, None)
+        if scope.cancelled_caught:
+            ids, finish = [], "abort"
+        logprobs = [[scripted_logprob(t, i), t, None] for i, t in enumerate(ids)]
+        reply = {
+            "text": self._tokenizer.decode(ids),
+            "output_ids": ids,
+            "meta_info": {
+                "id": rid,
+                "prompt_tokens": len(request.input_ids),
+                "completion_tokens": len(ids),
+                "finish_reason": {"type": finish},
+                "output_token_logprobs": logprobs if request.return_logprob else [],
+            },
+        }
+        return 200, msgspec.json.encode(reply)
+
+    def _abort(self, body: bytes) -> tuple[int, bytes]:
+        try:
+            rid = msgspec.json.decode(body, type=_AbortRequest).rid
+        except msgspec.DecodeError:
+            rid = ""
+        self._stats["aborts"] += 1
+        self.aborted_rids.append(rid)
+        scope = self._pending.get(rid)
+        if scope is not None:
+            scope.cancel()
+        return 200, b"{}"
+
+    async def _route(self, method: bytes, target: bytes, body: bytes) -> tuple[int, bytes]:
+        path = target.split(b"?", 1)[0]
+        if method == b"POST" and path == b"/generate":
+            return await self._generate(body)
+        if method == b"POST" and path == b"/abort_request":
+            return self._abort(body)
+        if method == b"GET" and path in (b"/health", b"/health_generate"):
+            return 200, b"{}"
+        if method == b"GET" and path == b"/get_model_info":
+            return 200, msgspec.json.encode(
+                {"model_path": "trio-swe-scripted", "is_generation": True}
+            )
+        return 404, b'{"error": "not found"}'
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        async with stream:
+            while True:
+                try:
+                    request = await _next_event(conn, stream)
+                    if not isinstance(request, h11.Request):
+                        return
+                    body = bytearray()
+                    while True:
+                        event = await _next_event(conn, stream)
+                        if isinstance(event, h11.Data):
+                            body += event.data
+                            if len(body) > _MAX_BODY:
+                                return
+                        elif isinstance(event, h11.EndOfMessage):
+                            break
+                        else:
+                            return
+                    self._stats["requests"] += 1
+                    status, payload = await self._route(request.method, request.target, bytes(body))
+                    headers = [
+                        ("content-type", "application/json"),
+                        ("content-length", str(len(payload))),
+                    ]
+                    await stream.send_all(
+                        conn.send(h11.Response(status_code=status, headers=headers))
+                    )
+                    await stream.send_all(conn.send(h11.Data(data=payload)))
+                    await stream.send_all(conn.send(h11.EndOfMessage()))
+                    if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                        return
+                    conn.start_next_cycle()
+                except (h11.ProtocolError, trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+
+
+async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> object:
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await stream.receive_some(65536))
+            continue
+        return event
+
+
+@asynccontextmanager
+async def open_scripted_policy_server(
+    scripts: Mapping[str, Sequence[str | ScriptedCompletion]],
+    *,
+    tokenizer: Tokenizer | None = None,
+    turn_marker: str = DEFAULT_TURN_MARKER,
+    key_pattern: str = DEFAULT_KEY_PATTERN,
+    fallback: str = DEFAULT_FALLBACK,
+) -> AsyncIterator[ScriptedPolicyServer]:
+    """Serve scripted completions on ``127.0.0.1`` (a free port) for the block's duration.
+
+    Args:
+        scripts: per key (an instance id), the completions of turns 0, 1, 2, ... as text or
+            :class:`ScriptedCompletion` (with a delay).
+        tokenizer: how prompts are decoded and completions encoded (a :class:`ByteTokenizer` by
+            default, which is what the demo's bash agent uses).
+        turn_marker: the assistant header counted to find the turn number.
+        key_pattern: regex with one group finding the key in the decoded prompt.
+        fallback: the completion after a script is exhausted or for an unknown key.
+
+    Example::
+
+        async with open_scripted_policy_server({"demo-1": ["```bash\\nls\\n```"]}) as server:
+            policy = SGLangPolicy(server.url)
+    """
+    server = ScriptedPolicyServer(
+        scripts,
+        tokenizer=tokenizer or ByteTokenizer(),
+        turn_marker=turn_marker,
+        key_pattern=key_pattern,
+        fallback=fallback,
+    )
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(
+            partial(trio.serve_tcp, server._serve_connection, 0, host="127.0.0.1")
+        )
+        server.port = listeners[0].socket.getsockname()[1]
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()
