@@ -61,5 +61,9 @@ from .grading import (
 )
 # --- e2b (issue 5) ---
 # --- episode / rollout (issue 6) ---
+from . import aio
+from .config import SweConfig
+from .episode import EpisodeResult, PhaseTimings, run_episode
+from .rollout import generate, run_rollouts
 
 __version__ = "0.1.0"

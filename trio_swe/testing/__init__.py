@@ -29,3 +29,18 @@ __all__ = [
     "FaultPlan",
     "open_envd_server",
 ]
+
+# --- scripted policy server (issue 6) ---
+from ._policy_server import (  # noqa: E402
+    ScriptedCompletion,
+    ScriptedPolicyServer,
+    open_scripted_policy_server,
+    scripted_logprob,
+)
+
+__all__ += [
+    "ScriptedCompletion",
+    "ScriptedPolicyServer",
+    "open_scripted_policy_server",
+    "scripted_logprob",
+]
