@@ -31,7 +31,7 @@ __all__ = [
 ]
 
 # --- scripted policy server (issue 6) ---
-from ._policy_server import (  # noqa: E402
+from ._policy_server import (
     ScriptedCompletion,
     ScriptedPolicyServer,
     open_scripted_policy_server,
