@@ -248,15 +248,20 @@ if [ ! -e pid ]; then
   fi
 fi
 read -r pid <pid
+# Without flock: the launcher is alive while its pid exists and is not a zombie.
+running() {
+  l=; read -r l 2>/dev/null </proc/"$pid"/stat || return 1
+  case "${l##*") "}" in Z*|X*) return 1;; esac
+}
 alive() {
-  if [ -n "$F" ]; then ! flock -n -s lock true >/dev/null 2>&1; else kill -0 "$pid" 2>/dev/null; fi
+  if [ -n "$F" ]; then ! flock -n -s lock true >/dev/null 2>&1; else running; fi
 }
 if [ ! -e done ]; then
   if [ -n "$F" ]; then
     flock -s -w @WAIT@ lock true >/dev/null 2>&1
   else
     i=0
-    while [ ! -e done ] && [ $i -lt @TICKS@ ] && kill -0 "$pid" 2>/dev/null; do
+    while [ ! -e done ] && [ $i -lt @TICKS@ ] && running; do
       sleep 0.05; i=$((i+1))
     done
   fi
