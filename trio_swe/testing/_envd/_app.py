@@ -460,7 +460,7 @@ class EnvdApp:
 
                 body = gzip.decompress(body)
             uploads.append((qpath, body))
-        written = []
+        written: list[dict[str, str]] = []
         for target, data in uploads:
             full = self._abs_path(target, user)
             try:
@@ -468,7 +468,8 @@ class EnvdApp:
             except (InvalidArgumentError, SandboxError) as exc:
                 await req.respond_json(400, {"code": 400, "message": str(exc)})
                 return
-            written.append(wire.WrittenFile(path=full, name=posixpath.basename(full), type="file"))
+            # envd always writes "type" (WrittenFile omits its default when encoding).
+            written.append({"path": full, "name": posixpath.basename(full), "type": "file"})
         await req.respond_json(200, written)
 
     # --- envd Connect RPC -----------------------------------------------------------------
