@@ -19,6 +19,7 @@ from ._registry import (
 )
 from ._result import EvalResult
 from ._scaleswe import ScaleSweProtocol
+from ._shims import local_backend_shims
 from ._swebench import SweBenchProtocol
 from ._types import (
     InstanceMetadata,
@@ -99,6 +100,7 @@ __all__ = [
     "available_protocols",
     "evaluability_check",
     "get_metadata",
+    "local_backend_shims",
     "register_protocol",
     "require_protocol",
     "run_evaluation",

@@ -1,29 +1,327 @@
-"""The ``scaleswe`` protocol: SWE-bench Pro run scripts, ``eval_cmd`` or a Scale-SWE f2p script."""
+"""The ``scaleswe`` protocol: SWE-bench Pro run scripts, ``eval_cmd`` or a Scale-SWE f2p script.
+
+Order in the fresh eval sandbox: grader assets, ``before_repo_set_cmd`` (SWE-bench Pro), then
+``pre_commands`` (their failure is an infrastructure outcome, ``setup_failed``), the patch
+ladder, then exactly one grader by priority: ``swepro``, ``eval_cmd``, ``f2p_script``.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import shlex
+import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Final
 
-if TYPE_CHECKING:
-    from ..sandbox import Backend
-    from ._result import EvalResult
-    from ._types import InstanceMetadata
+import msgspec
+import trio
+
+from ..sandbox import Backend, Sandbox
+from . import _result as R
+from ._metadata import scaleswe_metadata
+from ._result import EvalResult
+from ._run import (
+    APPLY_TIMEOUT_SEC,
+    EVAL_DIR,
+    PLAIN_ENV,
+    SETUP_BUDGET_SEC,
+    Phases,
+    apply_patch,
+    make_result,
+    open_eval_sandbox,
+    read_text,
+    run_long,
+)
+from ._types import InstanceMetadata, ScaleSweGrading, SweProSpec
+
+#: Where Scale-SWE's F2P ids expect the script (``test_fail_to_pass.py::test_x``).
+F2P_FILE: Final = "test_fail_to_pass.py"
+SWEPRO_DIR: Final = f"{EVAL_DIR}/swepro"
+_PYTEST_TESTS = re.compile(r"^\s*(?:async\s+)?def\s+test|^\s*class\s+Test", re.MULTILINE)
+
+
+class _SweProResult(msgspec.Struct):
+    name: str
+    status: str
+
+
+class _SweProOutput(msgspec.Struct):
+    tests: list[_SweProResult] = msgspec.field(default_factory=list)
 
 
 class ScaleSweProtocol:
     """Grades with the row's own grader; needs nothing beyond the sandbox."""
 
+    name = "scaleswe"
+
     def get_metadata(self, row: Mapping[str, Any]) -> InstanceMetadata:
-        raise NotImplementedError
+        return scaleswe_metadata(row, self.name)
+
+    def unavailable_reason(self) -> str | None:
+        return None
 
     def evaluability_check(self, md: InstanceMetadata) -> str | None:
-        raise NotImplementedError
+        if md.mismatch:
+            return md.mismatch
+        g = md.grading
+        if not isinstance(g, ScaleSweGrading):
+            return "protocol_row_mismatch:not_scaleswe_metadata"
+        if g.grader is None:
+            return R.NO_GRADER
+        if g.swepro is not None:
+            sp = g.swepro
+            if not (sp.fail_to_pass or sp.pass_to_pass):
+                return "swepro_no_graded_tests"
+            for what, inline, path in (
+                ("run_script", sp.run_script, sp.run_script_path),
+                ("parser_script", sp.parser_script, sp.parser_script_path),
+            ):
+                if inline is None and not (path and os.path.isfile(path)):
+                    return f"swepro_{what}_missing:{path}"
+        return None
 
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
     ) -> EvalResult:
-        raise NotImplementedError
+        phases = Phases()
+        reason = self.evaluability_check(md)
+        g = md.grading
+        if reason is not None or not isinstance(g, ScaleSweGrading):
+            return make_result(
+                md,
+                phases,
+                reason=R.NO_GRADER if reason == R.NO_GRADER else R.UNEVALUABLE,
+                infra=True,
+                detail=reason or "",
+            )
+        grader = g.grader
+        assets = await _read_swepro_assets(g.swepro) if g.swepro is not None else None
+        t_boot = time.monotonic()
+        async with open_eval_sandbox(backend, md) as sb:
+            phases.durations["boot"] = time.monotonic() - t_boot
+            with phases.phase("setup"):
+                failed = await _setup(sb, md, g, assets)
+            if failed is not None:
+                return make_result(
+                    md,
+                    phases,
+                    reason=R.SETUP_FAILED,
+                    grader=grader,
+                    infra=True,
+                    detail=failed[0],
+                    log=failed[1],
+                )
+            graded_files = g.swepro.selected_test_files if g.swepro is not None else ()
+            with phases.phase("apply"):
+                await _save_files(sb, md.workdir, graded_files)
+                outcome = await apply_patch(sb, md, patch)
+                if outcome.applied:
+                    # The patch must not change the graded tests.
+                    await _restore_files(sb, md.workdir, graded_files)
+            if not outcome.applied:
+                return make_result(
+                    md,
+                    phases,
+                    reason=R.PATCH_APPLY_FAILED,
+                    applied=False,
+                    grader=grader,
+                    detail="no rung of the apply ladder applied the patch",
+                    log=outcome.log,
+                )
+            if g.swepro is not None:
+                return await _grade_swepro(sb, md, g.swepro, phases, outcome.rung, timeout_sec)
+            if g.eval_cmd:
+                script = f"cd {shlex.quote(md.workdir)} || exit 97\n{g.eval_cmd}\n"
+                return await _grade_exit_code(
+                    sb, md, phases, outcome.rung, "eval_cmd", script, timeout_sec
+                )
+            assert g.f2p_script is not None
+            await sb.write_file(f"{md.workdir}/{F2P_FILE}", g.f2p_script, user="root")
+            run = (
+                f"python -m pytest -rA -p no:cacheprovider {F2P_FILE}"
+                if _PYTEST_TESTS.search(g.f2p_script)
+                else f"python {F2P_FILE}"
+            )
+            script = f"cd {shlex.quote(md.workdir)} || exit 97\n{run}\n"
+            return await _grade_exit_code(
+                sb, md, phases, outcome.rung, "f2p_script", script, timeout_sec
+            )
 
-    def unavailable_reason(self) -> str | None:
+
+async def _read_swepro_assets(sp: SweProSpec) -> tuple[str, str]:
+    async def text(inline: str | None, path: str | None) -> str:
+        if inline is not None:
+            return inline
+        assert path is not None
+        return await trio.Path(path).read_text(encoding="utf-8")
+
+    return await text(sp.run_script, sp.run_script_path), await text(
+        sp.parser_script, sp.parser_script_path
+    )
+
+
+async def _run_setup_script(
+    sb: Sandbox, md: InstanceMetadata, name: str, body: str
+) -> tuple[str, str] | None:
+    """Run setup lines with ``set -e`` in the workdir; ``(detail, log)`` if they failed."""
+    script = f"set -e\ncd {shlex.quote(md.workdir)}\n{body}\n"
+    path, log_path = f"{EVAL_DIR}/{name}.sh", f"{EVAL_DIR}/{name}.log"
+    await sb.write_file(path, script, user="root")
+    r = await run_long(sb, f"bash {path} > {log_path} 2>&1", budget_sec=SETUP_BUDGET_SEC)
+    if r.ok:
         return None
+    log = await read_text(sb, log_path)
+    if r.reason == "time_budget":
+        return f"{name} outlived its {SETUP_BUDGET_SEC:g} s budget", log
+    return f"{name} exited with status {r.exit_code}", log
+
+
+async def _setup(
+    sb: Sandbox, md: InstanceMetadata, g: ScaleSweGrading, assets: tuple[str, str] | None
+) -> tuple[str, str] | None:
+    if assets is not None:
+        await sb.write_file(f"{SWEPRO_DIR}/run_script.sh", assets[0], user="root", mode=0o755)
+        await sb.write_file(f"{SWEPRO_DIR}/parser.py", assets[1], user="root", mode=0o755)
+    if g.swepro is not None and g.swepro.before_repo_set_cmd.strip():
+        failed = await _run_setup_script(
+            sb, md, "before_repo_set_cmd", g.swepro.before_repo_set_cmd
+        )
+        if failed is not None:
+            return failed
+    if g.pre_commands:
+        return await _run_setup_script(sb, md, "pre_commands", "\n".join(g.pre_commands))
+    return None
+
+
+async def _save_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> None:
+    if not files:
+        return
+    quoted = " ".join(shlex.quote(f) for f in files)
+    await sb.exec(
+        f"cd {shlex.quote(workdir)} && tar -cf {EVAL_DIR}/graded.tar --ignore-failed-read -- {quoted}"
+        " 2>/dev/null; true",
+        user="root",
+        timeout=APPLY_TIMEOUT_SEC,
+    )
+
+
+async def _restore_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> None:
+    if not files:
+        return
+    quoted = " ".join(shlex.quote(f) for f in files)
+    await sb.exec(
+        f"cd {shlex.quote(workdir)} && rm -rf -- {quoted} && tar -xf {EVAL_DIR}/graded.tar",
+        user="root",
+        timeout=APPLY_TIMEOUT_SEC,
+    )
+
+
+async def _grade_exit_code(
+    sb: Sandbox,
+    md: InstanceMetadata,
+    phases: Phases,
+    rung: str | None,
+    grader: str,
+    script: str,
+    timeout_sec: float,
+) -> EvalResult:
+    """``eval_cmd`` / ``f2p_script``: exit status 0 means solved."""
+    path, log_path = f"{EVAL_DIR}/{grader}.sh", f"{EVAL_DIR}/{grader}.log"
+    with phases.phase("tests"):
+        await sb.write_file(path, script, user="root")
+        r = await run_long(
+            sb, f"bash {path} > {log_path} 2>&1", budget_sec=timeout_sec, env=PLAIN_ENV
+        )
+        log = await read_text(sb, log_path)
+    if r.reason == "time_budget":
+        return make_result(
+            md,
+            phases,
+            reason=R.TESTS_TIMEOUT,
+            rung=rung,
+            grader=grader,
+            detail=f"{grader} outlived its {timeout_sec:g} s budget",
+            log=log,
+            exit_code=r.exit_code,
+        )
+    solved = r.exit_code == 0
+    return make_result(
+        md,
+        phases,
+        reason=R.RESOLVED if solved else R.TESTS_FAILED,
+        resolved=solved,
+        rung=rung,
+        grader=grader,
+        detail="" if solved else f"{grader} exited with status {r.exit_code}",
+        log=log,
+        exit_code=r.exit_code,
+    )
+
+
+async def _grade_swepro(
+    sb: Sandbox,
+    md: InstanceMetadata,
+    sp: SweProSpec,
+    phases: Phases,
+    rung: str | None,
+    timeout_sec: float,
+) -> EvalResult:
+    """SWE-bench Pro: run script on the selected files, parser -> JSON, F2P | P2P <= PASSED."""
+    out, err, res = (f"{SWEPRO_DIR}/{n}" for n in ("stdout.log", "stderr.log", "result.json"))
+    tests = shlex.quote(",".join(sp.selected_test_files))
+    cmd = (
+        f"cd {shlex.quote(md.workdir)} && bash {SWEPRO_DIR}/run_script.sh {tests} > {out} 2> {err}"
+    )
+    with phases.phase("tests"):
+        r = await run_long(sb, cmd, budget_sec=timeout_sec, env=PLAIN_ENV)
+    stdout = await read_text(sb, out)
+    if r.reason == "time_budget":
+        return make_result(
+            md,
+            phases,
+            reason=R.TESTS_TIMEOUT,
+            rung=rung,
+            grader="swepro",
+            detail=f"run_script.sh outlived its {timeout_sec:g} s budget",
+            log=stdout,
+            exit_code=r.exit_code,
+        )
+    with phases.phase("parse"):
+        p = await sb.exec(
+            f"cd {shlex.quote(md.workdir)} && python3 {SWEPRO_DIR}/parser.py {out} {err} {res}",
+            user="root",
+            timeout=APPLY_TIMEOUT_SEC,
+        )
+        raw = await read_text(sb, res)
+    try:
+        parsed = msgspec.json.decode(raw or '{"tests": []}', type=_SweProOutput)
+    except msgspec.DecodeError as exc:
+        return make_result(
+            md,
+            phases,
+            reason=R.LOG_UNGRADABLE,
+            rung=rung,
+            grader="swepro",
+            detail=f"parser.py (exit {p.exit_code}) wrote no valid result.json: {exc}",
+            log=stdout + p.output,
+            exit_code=r.exit_code,
+        )
+    status = {t.name: t.status for t in parsed.tests}
+    passed = {name for name, s in status.items() if s == "PASSED"}
+    f2p, p2p = set(sp.fail_to_pass), set(sp.pass_to_pass)
+    solved = bool(f2p | p2p) and (f2p | p2p) <= passed
+    return make_result(
+        md,
+        phases,
+        reason=R.RESOLVED if solved else R.TESTS_FAILED,
+        resolved=solved,
+        rung=rung,
+        grader="swepro",
+        detail="" if solved else f"{len((f2p | p2p) - passed)} required tests did not pass",
+        log=stdout,
+        tests_status=status,
+        f2p=(len(f2p & passed), len(f2p)),
+        p2p=(len(p2p & passed), len(p2p)),
+        exit_code=r.exit_code,
+    )

@@ -2,30 +2,149 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import trio
+
+from ..sandbox import Backend
+from . import _result as R
 from . import _swebench_api
-
-if TYPE_CHECKING:
-    from ..sandbox import Backend
-    from ._result import EvalResult
-    from ._types import InstanceMetadata
+from ._metadata import swebench_metadata
+from ._result import EvalResult
+from ._run import (
+    EVAL_DIR,
+    PLAIN_ENV,
+    Phases,
+    apply_patch,
+    make_result,
+    open_eval_sandbox,
+    read_text,
+    run_long,
+)
+from ._types import InstanceMetadata, SweBenchGrading
 
 
 class SweBenchProtocol:
-    """Grades like the SWE-bench harness; needs the optional ``swebench`` package."""
+    """Grades like the SWE-bench harness; needs the optional ``swebench`` package.
+
+    The eval script comes from the row (swebench 5.x rows) or from swebench 4.x's builder
+    (classic rows). It runs in a fresh sandbox after the patch ladder, with stdout and stderr
+    merged in order into one log, which swebench's ``get_eval_report`` grades.
+    """
+
+    name = "swebench"
 
     def get_metadata(self, row: Mapping[str, Any]) -> InstanceMetadata:
-        raise NotImplementedError
+        return swebench_metadata(row, self.name)
+
+    def unavailable_reason(self) -> str | None:
+        return _swebench_api.unavailable_reason()
 
     def evaluability_check(self, md: InstanceMetadata) -> str | None:
-        raise NotImplementedError
+        if md.mismatch:
+            return md.mismatch
+        g = md.grading
+        if not isinstance(g, SweBenchGrading):
+            return "protocol_row_mismatch:not_swebench_metadata"
+        if not md.image:
+            return "missing_image"
+        if not g.fail_to_pass and not g.pass_to_pass:
+            return "no_graded_tests"  # vacuously RESOLVED_FULL for any patch
+        try:
+            _swebench_api.build_test_spec(md)
+        except _swebench_api.SpecBuildError as exc:
+            return f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason
+        return None
 
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
     ) -> EvalResult:
-        raise NotImplementedError
+        phases = Phases()
+        reason = self.evaluability_check(md)
+        if reason is not None:
+            return make_result(
+                md, phases, reason=R.UNEVALUABLE, grader="swebench", infra=True, detail=reason
+            )
+        with phases.phase("spec"):
+            spec = await trio.to_thread.run_sync(_swebench_api.build_test_spec, md)
+            script: str = spec.eval_script
+        t_boot = time.monotonic()
+        async with open_eval_sandbox(backend, md) as sb:
+            phases.durations["boot"] = time.monotonic() - t_boot
+            with phases.phase("apply"):
+                outcome = await apply_patch(sb, md, patch)
+            if not outcome.applied:
+                return make_result(
+                    md,
+                    phases,
+                    reason=R.PATCH_APPLY_FAILED,
+                    applied=False,
+                    grader="swebench",
+                    detail="no rung of the apply ladder applied the patch",
+                    log=outcome.log,
+                )
+            log_path = f"{EVAL_DIR}/eval.log"
+            with phases.phase("tests"):
+                await sb.write_file(f"{EVAL_DIR}/eval.sh", script, user="root")
+                run = await run_long(
+                    sb,
+                    f"bash {EVAL_DIR}/eval.sh > {log_path} 2>&1",
+                    budget_sec=timeout_sec,
+                    env=PLAIN_ENV,
+                )
+                log = await read_text(sb, log_path)
+        if run.reason == "time_budget":
+            return make_result(
+                md,
+                phases,
+                reason=R.TESTS_TIMEOUT,
+                rung=outcome.rung,
+                grader="swebench",
+                detail=f"the eval script outlived its {timeout_sec:g} s budget",
+                log=log,
+                exit_code=run.exit_code,
+            )
+        with phases.phase("parse"):
+            grade = await trio.to_thread.run_sync(
+                _swebench_api.grade_log, spec, md.instance_id, patch, log
+            )
+        common: dict[str, Any] = {
+            "rung": outcome.rung,
+            "grader": "swebench",
+            "log": log,
+            "tests_status": grade.tests_status,
+            "f2p": (grade.f2p_passed, grade.f2p_total),
+            "p2p": (grade.p2p_passed, grade.p2p_total),
+            "exit_code": _test_exit_code(log),
+        }
+        if not grade.gradable:
+            why = grade.infra_reason or "no test output between the markers, or a bad marker"
+            return make_result(
+                md, phases, reason=R.LOG_UNGRADABLE, detail=f"swebench: {why}", **common
+            )
+        if grade.resolved:
+            return make_result(md, phases, reason=R.RESOLVED, resolved=True, **common)
+        return make_result(
+            md,
+            phases,
+            reason=R.TESTS_FAILED,
+            detail=(
+                f"FAIL_TO_PASS {grade.f2p_passed}/{grade.f2p_total}, "
+                f"PASS_TO_PASS {grade.p2p_passed}/{grade.p2p_total}"
+            ),
+            **common,
+        )
 
-    def unavailable_reason(self) -> str | None:
-        return _swebench_api.unavailable_reason()
+
+def _test_exit_code(log: str) -> int | None:
+    """swebench 5.x's recorded test exit code (``>>>>> Test Exit Code: N``), if present."""
+    marker = ">>>>> Test Exit Code:"
+    for line in reversed(log.splitlines()):
+        if line.startswith(marker):
+            try:
+                return int(line[len(marker) :].strip())
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,164 @@
+"""The I/O shared by every protocol: the fresh eval sandbox, the patch ladder, long commands."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
+from typing import Final
+
+from ..sandbox import Backend, ExecResult, Sandbox, open_sandbox
+from ._patch import apply_script, is_empty_patch, parse_verdict, touched_paths
+from ._result import LOG_TAIL_CHARS, EvalResult, log_tail
+from ._types import InstanceMetadata
+
+#: Scratch directory of the grader inside the eval sandbox (outside the repository).
+EVAL_DIR: Final = "/tmp/trio_swe_eval"
+#: Budget of the apply ladder (four rungs on a large patch).
+APPLY_TIMEOUT_SEC: Final = 120.0
+#: Budget of setup commands (pre_commands, before_repo_set_cmd): they may install packages.
+SETUP_BUDGET_SEC: Final = 600.0
+#: Environment of every grading command: no colours (parsers match plain ``PASSED`` lines).
+PLAIN_ENV: Final[Mapping[str, str]] = {"PY_COLORS": "0", "NO_COLOR": "1", "TERM": "dumb"}
+
+
+class Phases:
+    """Wall-clock seconds per grading phase."""
+
+    def __init__(self) -> None:
+        self._t0 = time.monotonic()
+        self.durations: dict[str, float] = {}
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        t = time.monotonic()
+        try:
+            yield
+        finally:
+            self.durations[name] = self.durations.get(name, 0.0) + time.monotonic() - t
+
+    def total(self) -> dict[str, float]:
+        return {**self.durations, "total": time.monotonic() - self._t0}
+
+
+@asynccontextmanager
+async def open_eval_sandbox(backend: Backend, md: InstanceMetadata) -> AsyncIterator[Sandbox]:
+    """A fresh sandbox from the instance image, killed on every way out."""
+    async with open_sandbox(
+        backend,
+        md.image,
+        workdir=md.workdir,
+        metadata={"instance_id": md.instance_id[:128], "role": "eval"},
+    ) as sb:
+        yield sb
+
+
+async def run_long(
+    sb: Sandbox, cmd: str, *, budget_sec: float, env: Mapping[str, str] | None = None
+) -> ExecResult:
+    """A long command (test suite, setup) as root; ``reason == "time_budget"`` on overrun.
+
+    Uses ``exec_and_wait`` (detached, survives dropped streams) where available.
+    """
+    try:
+        from ..sandbox._detached import exec_and_wait  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # the detached executor is not installed: a plain exec with a timeout
+        result = await sb.exec(cmd, user="root", env=env, timeout=budget_sec)
+        if result.reason == "timeout":
+            return ExecResult(
+                exit_code=result.exit_code,
+                output=result.output,
+                reason="time_budget",
+                duration_sec=result.duration_sec,
+            )
+        return result
+    r: ExecResult = await exec_and_wait(
+        sb, cmd, time_budget_sec=budget_sec, user="root", env=dict(env or {}), want_output=True
+    )
+    return r
+
+
+async def read_text(sb: Sandbox, path: str) -> str:
+    """A file from the sandbox as text; ``""`` only if it does not exist (the command never
+    got to write it), never for an infrastructure failure."""
+    from .._errors import SandboxFileNotFoundError
+
+    try:
+        data = await sb.read_file(path, user="root")
+    except SandboxFileNotFoundError:
+        return ""
+    return data.decode("utf-8", "replace")
+
+
+class ApplyOutcome:
+    """What the ladder did."""
+
+    def __init__(self, applied: bool, rung: str | None, log: str) -> None:
+        self.applied = applied
+        self.rung = rung
+        self.log = log
+
+
+async def apply_patch(sb: Sandbox, md: InstanceMetadata, patch: str) -> ApplyOutcome:
+    """Run the apply ladder on ``patch`` in the sandbox's workdir."""
+    if is_empty_patch(patch):
+        return ApplyOutcome(True, "empty", "")
+    state = f"{EVAL_DIR}/apply"
+    patch_path = f"{EVAL_DIR}/patch.diff"
+    list_path = f"{EVAL_DIR}/patch.paths"
+    paths = b"".join(p.encode() + b"\x00" for p in touched_paths(patch))
+    await sb.write_file(patch_path, patch.encode("utf-8", "surrogateescape"), user="root")
+    await sb.write_file(list_path, paths, user="root")
+    await sb.write_file(
+        f"{EVAL_DIR}/apply.sh",
+        apply_script(
+            workdir=md.workdir, patch_path=patch_path, list_path=list_path, state_dir=state
+        ),
+        user="root",
+    )
+    r = await sb.exec(f"bash {EVAL_DIR}/apply.sh", user="root", timeout=APPLY_TIMEOUT_SEC)
+    applied, rung = parse_verdict(r.output)
+    log = "" if applied else await read_text(sb, f"{state}/apply.log")
+    if r.reason == "timeout":
+        log += f"\n(apply ladder exceeded {APPLY_TIMEOUT_SEC:.0f} s)"
+    return ApplyOutcome(applied, rung, log)
+
+
+def make_result(
+    md: InstanceMetadata,
+    phases: Phases,
+    *,
+    reason: str,
+    resolved: bool = False,
+    applied: bool = True,
+    rung: str | None = None,
+    grader: str | None = None,
+    infra: bool = False,
+    detail: str = "",
+    log: str = "",
+    tests_status: Mapping[str, str] | None = None,
+    f2p: tuple[int, int] | None = None,
+    p2p: tuple[int, int] | None = None,
+    exit_code: int | None = None,
+) -> EvalResult:
+    """An :class:`EvalResult`; the reward is 1.0 exactly when ``resolved``."""
+    return EvalResult(
+        reward=1.0 if resolved else 0.0,
+        resolved=resolved,
+        applied_cleanly=applied,
+        reason=reason,
+        protocol=md.protocol,
+        instance_id=md.instance_id,
+        grader=grader,
+        apply_method=rung,
+        infra_failure=infra,
+        detail=detail,
+        tests_status=dict(tests_status or {}),
+        f2p_passed=f2p[0] if f2p else None,
+        f2p_total=f2p[1] if f2p else None,
+        p2p_passed=p2p[0] if p2p else None,
+        p2p_total=p2p[1] if p2p else None,
+        test_exit_code=exit_code,
+        log_tail=log_tail(log, LOG_TAIL_CHARS),
+        durations=phases.total(),
+    )
