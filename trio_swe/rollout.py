@@ -14,10 +14,12 @@ from __future__ import annotations
 import copy
 import math
 import os
+import struct
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import trio
 
 from ._errors import ConfigError, MetadataError
@@ -27,8 +29,15 @@ from .config import SweConfig
 from .episode import EpisodeResult, boot_limiter, run_episode
 from .grading import InstanceMetadata, get_metadata
 from .sandbox import Backend
+from .trajectory import decode_sample, encode_sample
 
-__all__ = ["generate", "run_rollouts"]
+__all__ = [
+    "ResultsWriter",
+    "encode_result",
+    "generate",
+    "read_results",
+    "run_rollouts",
+]
 
 
 @asynccontextmanager
@@ -43,6 +52,7 @@ async def run_rollouts(
     network: bool = True,
     build_samples: bool = True,
     episode_id: Callable[[InstanceMetadata], str] | None = None,
+    on_start: Callable[[InstanceMetadata], None] | None = None,
 ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
     """Run one episode per instance, at most ``concurrency`` at a time; stream the results.
 
@@ -68,6 +78,7 @@ async def run_rollouts(
         network: whether agent sandboxes get network access.
         build_samples: False skips building samples.
         episode_id: makes each episode's id from its instance (default: a fresh unique id).
+        on_start: called as each episode starts (progress displays).
     """
     if concurrency < 1:
         raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
@@ -80,6 +91,8 @@ async def run_rollouts(
         md: InstanceMetadata, borrower: object, out: trio.MemorySendChannel[EpisodeResult]
     ) -> None:
         async with out:
+            if on_start is not None:
+                on_start(md)
             try:
                 result = await run_episode(
                     md,
@@ -103,12 +116,18 @@ async def run_rollouts(
                 await slots.acquire_on_behalf_of(borrower)
                 nursery.start_soon(one, md, borrower, send.clone())
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(drive, nursery)
-        async with receive:
-            yield receive
-        # The consumer is done (exhausted the results, or left early): stop what still runs.
-        nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(drive, nursery)
+            async with receive:
+                yield receive
+            # The consumer is done (exhausted the results, or left early): stop what still runs.
+            nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The caller's own exception comes out as itself, not wrapped in our nursery's group.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
 
 
 # --- slime's custom generate ---------------------------------------------------------------
@@ -225,6 +244,90 @@ async def generate(
 
 
 def _with_policy_url(config: SweConfig, url: str) -> SweConfig:
-    import msgspec
-
     return msgspec.structs.replace(config, policy_url=url)
+
+
+# --- results files ---------------------------------------------------------------------------
+
+_FRAME_HEADER = struct.Struct(">I")
+
+
+class _Frame(msgspec.Struct, array_like=True):
+    result: EpisodeResult
+    samples: list[bytes]
+
+
+_frame_decoder = msgspec.msgpack.Decoder(_Frame)
+
+
+def encode_result(result: EpisodeResult) -> bytes:
+    """One length-prefixed msgpack frame: the result, its samples encoded by ``encode_sample``."""
+    frame = _Frame(
+        result=msgspec.structs.replace(result, samples=[]),
+        samples=[encode_sample(s) for s in result.samples],
+    )
+    body = msgspec.msgpack.encode(frame)
+    return _FRAME_HEADER.pack(len(body)) + body
+
+
+def read_results(path: str | os.PathLike[str]) -> tuple[list[EpisodeResult], int]:
+    """The results in a results file, and the length of its intact prefix in bytes.
+
+    A frame cut short (the writer was killed midway) ends the intact prefix; everything before
+    it is returned. A missing file has no results.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return [], 0
+    results: list[EpisodeResult] = []
+    pos = 0
+    while pos + _FRAME_HEADER.size <= len(data):
+        (size,) = _FRAME_HEADER.unpack_from(data, pos)
+        end = pos + _FRAME_HEADER.size + size
+        if end > len(data):
+            break
+        try:
+            frame = _frame_decoder.decode(data[pos + _FRAME_HEADER.size : end])
+        except msgspec.DecodeError:
+            break
+        frame.result.samples = [decode_sample(s) for s in frame.samples]
+        results.append(frame.result)
+        pos = end
+    return results, pos
+
+
+class ResultsWriter:
+    """Appends results to a file, one frame each, flushed as it goes; resumable.
+
+    Opening an existing file keeps its intact frames (and drops a frame cut short by an
+    interrupted writer), so a rerun continues where the last one stopped.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.previous, intact = read_results(self.path)
+        self._file = open(self.path, "ab")  # noqa: SIM115  (closed by close())
+        self._file.truncate(intact)
+        self._file.seek(intact)
+        self.written = 0
+
+    def write(self, result: EpisodeResult) -> None:
+        """Append ``result`` and flush it to the OS (it survives the process being killed)."""
+        self._file.write(encode_result(result))
+        self._file.flush()
+        self.written += 1
+
+    def close(self) -> None:
+        """Sync and close the file."""
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

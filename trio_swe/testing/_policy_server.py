@@ -260,12 +260,18 @@ async def open_scripted_policy_server(
         key_pattern=key_pattern,
         fallback=fallback,
     )
-    async with trio.open_nursery() as nursery:
-        listeners = await nursery.start(
-            partial(trio.serve_tcp, server._serve_connection, 0, host="127.0.0.1")
-        )
-        server.port = listeners[0].socket.getsockname()[1]
-        try:
-            yield server
-        finally:
-            nursery.cancel_scope.cancel()
+    try:
+        async with trio.open_nursery() as nursery:
+            listeners = await nursery.start(
+                partial(trio.serve_tcp, server._serve_connection, 0, host="127.0.0.1")
+            )
+            server.port = listeners[0].socket.getsockname()[1]
+            try:
+                yield server
+            finally:
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        # The caller's own exception comes out as itself, not wrapped in our nursery's group.
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise

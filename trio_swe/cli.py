@@ -1,0 +1,409 @@
+"""The ``trio-swe`` command: ``run`` a dataset of instances, or the bundled ``demo``.
+
+``trio-swe run INSTANCES.jsonl --backend local --agent bash --protocol scaleswe --concurrency 8
+--out results.msgpack`` runs one episode per row with a live progress display, writes each result
+(with its samples) the moment it finishes, and on a rerun with the same ``--out`` skips the
+instances already finished (aborted ones are retried).
+
+``trio-swe demo`` builds the demo repositories, starts the scripted policy server on loopback and
+runs the demo episodes with the bash agent on the local backend, without network.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import trio
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ._errors import ConfigError, MetadataError, TrioSweError
+from .agents._harness import create_agent
+from .agents._types import Agent
+from .config import SweConfig
+from .episode import EpisodeResult, PhaseTimings
+from .grading import InstanceMetadata, get_metadata
+from .rollout import ResultsWriter, run_rollouts
+from .sandbox import Backend
+
+__all__ = ["main"]
+
+
+# --- progress --------------------------------------------------------------------------------
+
+
+class _Tally:
+    """Counts for the live display and the summary."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.running = 0
+        self.done = 0
+        self.aborted = 0
+        self.rewards: list[float] = []
+        self.timings: list[PhaseTimings] = []
+        self.statuses: collections.Counter[str] = collections.Counter()
+
+    def started(self, md: InstanceMetadata) -> None:
+        self.running += 1
+
+    def finished(self, result: EpisodeResult) -> None:
+        self.running -= 1
+        self.done += 1
+        self.statuses[result.status] += 1
+        self.timings.append(result.timings)
+        if result.status == "aborted":
+            self.aborted += 1
+        else:
+            self.rewards.append(result.reward)
+
+    def mean_phase(self, name: str) -> float:
+        if not self.timings:
+            return 0.0
+        return sum(float(getattr(t, name)) for t in self.timings) / len(self.timings)
+
+    def line(self) -> str:
+        reward = sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
+        phases = " ".join(
+            f"{p} {self.mean_phase(p):.1f}s" for p in ("boot", "setup", "agent", "eval", "total")
+        )
+        return (
+            f"running {self.running}  done {self.done}/{self.total}  aborted {self.aborted}  "
+            f"resolved {sum(1 for r in self.rewards if r > 0)}  mean reward {reward:.2f}  "
+            f"| mean {phases}"
+        )
+
+
+def _summary_table(
+    results: Sequence[EpisodeResult], expected: dict[str, float] | None = None
+) -> Table:
+    table = Table(title="episodes", show_lines=False)
+    for col in ("instance", "status", "reward", "exit", "finish", "turns", "samples", "time"):
+        table.add_column(col, justify="right" if col in ("reward", "exit", "turns") else "left")
+    if expected is not None:
+        table.add_column("script", justify="right")
+    for r in sorted(results, key=lambda r: r.instance_id):
+        status = r.status if r.status != "aborted" else f"aborted: {r.abort_reason}"
+        row = [
+            r.instance_id,
+            status,
+            f"{r.reward:.0f}",
+            "" if r.agent_exit_code is None else str(r.agent_exit_code),
+            r.agent_finish or "",
+            str(r.n_turns),
+            str(len(r.samples)),
+            f"{r.timings.total:.1f}s",
+        ]
+        if expected is not None:
+            want = expected.get(r.instance_id)
+            ok = want is not None and r.status != "aborted" and r.reward == want
+            row.append(f"{want:.0f} {'ok' if ok else 'MISMATCH'}" if want is not None else "")
+        table.add_row(*row)
+    return table
+
+
+async def _run_with_progress(
+    console: Console,
+    mds: list[InstanceMetadata],
+    agent: Agent,
+    *,
+    backend: Backend,
+    config: SweConfig,
+    concurrency: int,
+    writer: ResultsWriter | None,
+    network: bool,
+    show_progress: bool,
+    on_result: Callable[[EpisodeResult], None] | None = None,
+) -> list[EpisodeResult]:
+    tally = _Tally(len(mds))
+    progress = Progress(
+        TextColumn("[bold]episodes"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    bar = progress.add_task("episodes", total=len(mds))
+    results: list[EpisodeResult] = []
+
+    def render() -> Group:
+        return Group(progress, tally.line())
+
+    live = Live(render(), console=console, refresh_per_second=8, auto_refresh=show_progress)
+    with live if show_progress else contextlib.nullcontext(live):
+        async with run_rollouts(
+            mds,
+            agent,
+            backend=backend,
+            config=config,
+            concurrency=concurrency,
+            network=network,
+            on_start=tally.started,
+        ) as stream:
+            async for result in stream:
+                if writer is not None:
+                    writer.write(result)
+                results.append(result)
+                tally.finished(result)
+                progress.update(bar, advance=1)
+                live.update(render())
+                if not show_progress:
+                    console.print(
+                        f"done {result.instance_id} {result.status} reward {result.reward:g}"
+                    )
+                if on_result is not None:
+                    on_result(result)
+    if not show_progress:
+        console.print(tally.line())
+    return results
+
+
+# --- trio-swe run ----------------------------------------------------------------------------
+
+
+def _read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}:{lineno}: a row must be a JSON object")
+            yield lineno, row
+
+
+@asynccontextmanager
+async def _open_backend(name: str) -> AsyncIterator[Backend]:
+    if name == "local":
+        from .sandbox.local import LocalBackend
+
+        yield LocalBackend()
+    elif name == "e2b":
+        from .sandbox.e2b import E2BBackend
+
+        async with E2BBackend() as backend:
+            yield backend
+    else:
+        raise ConfigError(f"--backend {name!r}: choose 'local' or 'e2b'")
+
+
+def _config_from_args(args: argparse.Namespace) -> SweConfig:
+    env = dict(os.environ)
+    overrides = {
+        "SWE_TRAIN_PROTOCOL": args.protocol,
+        "SWE_EVAL_PROTOCOL": args.protocol,
+        "SWE_AGENT": args.agent,
+        "SWE_POLICY_URL": args.policy_url,
+        "SWE_AGENT_TIME_BUDGET_SEC": args.agent_budget,
+        "SWE_EVAL_TIMEOUT_SEC": args.eval_timeout,
+        "SWE_MAX_CONTEXT_TOKENS": args.max_context_tokens,
+    }
+    env.update({k: str(v) for k, v in overrides.items() if v is not None})
+    return SweConfig.from_env(env)
+
+
+async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    config = _config_from_args(args)
+    protocol = config.train_protocol
+    writer = ResultsWriter(args.out)
+    try:
+        # Resume: instances already finished (not aborted) are skipped, as many times as they
+        # finished (a dataset may repeat an instance for several samples).
+        finished = collections.Counter(
+            r.instance_id for r in writer.previous if r.status != "aborted"
+        )
+        mds: list[InstanceMetadata] = []
+        unreadable = 0
+        for lineno, row in _read_rows(Path(args.instances)):
+            try:
+                md = get_metadata(row, protocol)
+            except MetadataError as exc:
+                unreadable += 1
+                console.print(f"[yellow]skipping line {lineno}: {exc}")
+                continue
+            if finished[md.instance_id] > 0:
+                finished[md.instance_id] -= 1
+                continue
+            mds.append(md)
+        if args.limit is not None:
+            mds = mds[: args.limit]
+        skipped = sum(1 for r in writer.previous if r.status != "aborted")
+        console.print(
+            f"{len(mds)} episodes to run ({skipped} already finished in {args.out}, "
+            f"{unreadable} unreadable rows), protocol {protocol}, agent {config.agent}, "
+            f"concurrency {args.concurrency}"
+        )
+        agent = create_agent(config)
+        async with _open_backend(args.backend) as backend:
+            results = await _run_with_progress(
+                console,
+                mds,
+                agent,
+                backend=backend,
+                config=config,
+                concurrency=args.concurrency,
+                writer=writer,
+                network=not args.no_network,
+                show_progress=not args.no_progress,
+            )
+        console.print(_summary_table(results))
+        console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
+        return 0
+    finally:
+        writer.close()
+
+
+# --- trio-swe demo ---------------------------------------------------------------------------
+
+
+async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    from .agents._bash_agent import BashAgent
+    from .agents._policy import SGLangPolicy
+    from .agents._tokenizer import ByteTokenizer
+    from .demo import build_demo_set
+    from .sandbox.local import LocalBackend
+    from .testing._policy_server import open_scripted_policy_server
+
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="trio_swe-demo-"))
+    try:
+        demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
+        config = SweConfig(
+            agent_time_budget_sec=args.agent_budget,
+            eval_timeout_sec=60.0,
+            setup_timeout_sec=60.0,
+            guard_headroom_sec=60.0,
+            boot_concurrency=max(args.concurrency, 1),
+            max_turns=10,
+            command_timeout_sec=30.0,
+            max_context_tokens=args.max_context_tokens,
+        )
+        config.validate_protocols()
+        mds = [get_metadata(row, "scaleswe") for row in demo.rows]
+        console.print(
+            f"demo: {len(mds)} instances built in {workdir / 'repos'}; scripted policy on "
+            f"loopback; bash agent; local backend without network; concurrency {args.concurrency}"
+        )
+        writer = ResultsWriter(args.out) if args.out else None
+        try:
+            async with (
+                open_scripted_policy_server(demo.scripts) as server,
+                SGLangPolicy(server.url) as policy,
+            ):
+                agent = BashAgent(
+                    policy,
+                    ByteTokenizer(),
+                    max_turns=config.max_turns,
+                    command_timeout_sec=config.command_timeout_sec,
+                )
+                results = await _run_with_progress(
+                    console,
+                    mds,
+                    agent,
+                    backend=LocalBackend(),
+                    config=config,
+                    concurrency=args.concurrency,
+                    writer=writer,
+                    network=False,
+                    show_progress=not args.no_progress,
+                )
+        finally:
+            if writer is not None:
+                writer.close()
+        console.print(_summary_table(results, demo.expected_rewards))
+        matched = sum(
+            1
+            for r in results
+            if r.status != "aborted" and r.reward == demo.expected_rewards[r.instance_id]
+        )
+        samples = sum(len(r.samples) for r in results)
+        tokens = sum(len(s.tokens) for r in results for s in r.samples)
+        console.print(
+            f"{matched}/{len(results)} episodes earned the reward their script plays for; "
+            f"{samples} samples, {tokens} tokens; {time.monotonic() - started:.1f}s"
+        )
+        if args.out:
+            console.print(f"results: {args.out}")
+        return 0 if matched == len(results) else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            console.print(f"kept {workdir}")
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trio-swe", description="Run coding-agent episodes for RL on SWE tasks."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run one episode per row of a JSONL dataset")
+    run.add_argument("instances", help="JSONL file, one dataset row per line")
+    run.add_argument("--backend", default="local", choices=["local", "e2b"])
+    run.add_argument("--agent", default=None, help="agent name (default: SWE_AGENT or bash)")
+    run.add_argument("--protocol", default=None, help="grading protocol (default: scaleswe)")
+    run.add_argument("--policy-url", default=None, help="SGLang server for the bash agent")
+    run.add_argument("--concurrency", type=int, default=4)
+    run.add_argument("--out", default="results.msgpack", help="results file (appended, resumable)")
+    run.add_argument("--agent-budget", type=float, default=None, help="seconds per agent run")
+    run.add_argument("--eval-timeout", type=float, default=None, help="seconds per test run")
+    run.add_argument("--max-context-tokens", type=int, default=None)
+    run.add_argument("--limit", type=int, default=None, help="run at most this many episodes")
+    run.add_argument("--no-network", action="store_true", help="agent sandboxes get no network")
+    run.add_argument("--no-progress", action="store_true", help="no live display")
+
+    demo = sub.add_parser("demo", help="run the bundled demo end to end (no network needed)")
+    demo.add_argument("--concurrency", type=int, default=4)
+    demo.add_argument("--agent-budget", type=float, default=5.0)
+    demo.add_argument("--max-context-tokens", type=int, default=16384)
+    demo.add_argument("--out", default=None, help="also write the results here")
+    demo.add_argument("--keep", action="store_true", help="keep the demo repositories")
+    demo.add_argument("--no-progress", action="store_true", help="no live display")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``trio-swe`` console script."""
+    args = _parser().parse_args(argv)
+    # A pipe or a file gets a wide, plain console (no cursor tricks, no wrapped ids).
+    console = Console() if sys.stdout.isatty() else Console(width=140, no_color=True)
+    if getattr(args, "concurrency", 1) < 1:
+        console.print("[red]--concurrency must be >= 1")
+        return 2
+    command = _cmd_run if args.command == "run" else _cmd_demo
+    try:
+        return trio.run(command, args, console)
+    except KeyboardInterrupt:
+        console.print(
+            "[yellow]interrupted: every finished episode is in the results file; "
+            "rerun the same command to resume"
+        )
+        return 130
+    except TrioSweError as exc:
+        console.print(f"[red]error: {exc}")
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
