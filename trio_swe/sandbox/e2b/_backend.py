@@ -107,7 +107,9 @@ class E2BBackend:
             raise ConfigError(f"keepalive_interval must be positive, got {keepalive_interval}")
         if verify is None:
             verify = os.environ.get("SSL_CERT_FILE") or True
-        self._verify = verify
+        if isinstance(verify, str):
+            verify = ssl.create_default_context(cafile=verify)
+        self._verify: ssl.SSLContext | bool = verify
         self._h2c = h2c
         self._per_conn = streams_per_connection
         self._max_conns = max_connections

@@ -77,7 +77,13 @@ class EventStream:
                 return None
             chunk: bytes | None = None
             with trio.move_on_after(self._idle):
-                chunk = await self._chunks.__anext__()
+                try:
+                    chunk = await self._chunks.__anext__()
+                except StopAsyncIteration:
+                    self._decoder.check_complete()
+                    raise _connect.ProtocolError(
+                        "stream ended without an end-of-stream message"
+                    ) from None
             if chunk is None:
                 raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
             self._pending = self._decoder.feed(chunk)

@@ -44,7 +44,7 @@ class ConnectionPool:
         origin: ``scheme://host:port``.
         http2: use HTTP/2 (ALPN over TLS).
         h2c: speak HTTP/2 with prior knowledge on ``http://`` (no HTTP/1.1 at all).
-        verify: TLS verification (``True``, a CA bundle path, or an ``ssl.SSLContext``).
+        verify: TLS verification (``True`` or an ``ssl.SSLContext``).
         streams_per_connection: cap of concurrent streams on one connection.
         max_connections: cap of connections; beyond ``streams_per_connection *
             max_connections`` concurrent streams, callers wait for a free slot.
@@ -58,7 +58,7 @@ class ConnectionPool:
         *,
         http2: bool = True,
         h2c: bool = False,
-        verify: ssl.SSLContext | str | bool = True,
+        verify: ssl.SSLContext | bool = True,
         streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         headers: Mapping[str, str] | None = None,

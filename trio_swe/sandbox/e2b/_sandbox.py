@@ -273,7 +273,7 @@ class E2BSandbox:
                 if isinstance(exc, _connect.ConnectError):
                     if _gone(exc):
                         raise await self._infra_error(exc, method) from exc
-                    if exc.code == "deadline_exceeded" and mode == "start":
+                    if exc.code == "deadline_exceeded" and timeout_ms is not None:
                         raise _Deadline() from exc
                     if exc.code == "not_found" and mode in ("probe", "attach"):
                         if mode == "attach":
