@@ -1,0 +1,203 @@
+"""Fidelity: the official ``e2b`` SDK (sync client, in a worker thread) against the local server.
+
+The SDK is the oracle for what envd and the REST API look like on the wire: if it works against
+``trio_swe.testing``, so does anything written against E2B's real service.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import trio
+import trustme
+
+from trio_swe.testing import EnvdServer, FaultPlan, open_envd_server
+
+e2b = pytest.importorskip("e2b")
+
+T = TypeVar("T")
+
+
+async def in_thread(fn: Callable[[], T]) -> T:
+    return await trio.to_thread.run_sync(fn)
+
+
+def params(server: EnvdServer, **extra: Any) -> dict[str, Any]:
+    return {
+        "api_key": server.api_key,
+        "api_url": server.api_url,
+        "sandbox_url": server.sandbox_url,
+        "domain": server.domain,
+        **extra,
+    }
+
+
+def _marker_pids(marker: str) -> list[int]:
+    """Host pids whose command line holds ``marker`` (this test's processes only)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+async def test_sdk_create_run_files_background_connect_kill(server: EnvdServer) -> None:
+    marker = f"sdk-marker-{uuid.uuid4().hex}"
+
+    def scenario() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        sb = e2b.Sandbox.create(
+            template="base",
+            timeout=120,
+            envs={"SBX_VAR": "from-create"},
+            metadata={"t": "1"},
+            **params(server),
+        )
+        out["id"] = sb.sandbox_id
+        r = sb.commands.run(
+            "echo $SBX_VAR $CALL_VAR; pwd", envs={"CALL_VAR": "per-call"}, cwd="/tmp"
+        )
+        out["run"] = (r.exit_code, r.stdout)
+        out["whoami"] = sb.commands.run("whoami", user="user").stdout.strip()
+        try:
+            sb.commands.run("echo bad >&2; exit 5")
+        except e2b.CommandExitException as exc:
+            out["exit"] = (exc.exit_code, exc.stderr)
+        sb.files.write("/tmp/dir/hello.txt", "hello from sdk")
+        out["read"] = sb.files.read("/tmp/dir/hello.txt")
+        try:
+            sb.files.read("/tmp/missing.txt")
+        except e2b.FileNotFoundException:
+            out["missing"] = True
+        handle = sb.commands.run("sleep 0.5; echo bg-done", background=True)
+        again = sb.commands.connect(handle.pid)
+        res = again.wait()
+        out["bg"] = (res.exit_code, res.stdout)
+        # A long background command, killed through the SDK.
+        long = sb.commands.run(f"sleep 300 # {marker}", background=True)
+        out["listed"] = [p.pid for p in sb.commands.list()]
+        out["long_pid"] = long.pid
+        out["kill_cmd"] = sb.commands.kill(long.pid)
+        info = sb.get_info()
+        out["info"] = (info.sandbox_id, info.metadata)
+        sb.set_timeout(200)
+        out["running"] = sb.is_running()
+        out["kill"] = sb.kill()
+        out["kill_again"] = e2b.Sandbox.kill(sb.sandbox_id, **params(server))
+        return out
+
+    out = await in_thread(scenario)
+    assert out["run"] == (0, "from-create per-call\n/tmp\n")
+    assert out["whoami"] == "agent"
+    assert out["exit"][0] == 5
+    assert "bad" in out["exit"][1]
+    assert out["read"] == "hello from sdk"
+    assert out["missing"] is True
+    assert out["bg"] == (0, "bg-done\n")
+    assert out["long_pid"] in out["listed"]
+    assert out["kill_cmd"] is True
+    assert out["info"] == (out["id"], {"t": "1"})
+    assert out["running"] is True
+    assert out["kill"] is True
+    assert out["kill_again"] is False
+    assert server.live_sandbox_ids() == []
+    assert _marker_pids(marker) == []
+
+
+_TLS_SCENARIO = """
+import json, sys
+import e2b
+sb = e2b.Sandbox.create(timeout=60)
+try:
+    r = sb.commands.run("echo over-h2")
+    sb.files.write("/tmp/t.txt", b"tls bytes")
+    print(json.dumps([r.stdout, sb.files.read("/tmp/t.txt")]))
+finally:
+    sb.kill()
+"""
+
+
+async def test_sdk_over_tls_http2_through_the_fault_proxy(
+    session_ca: tuple[trustme.CA, Path],
+) -> None:
+    # A fresh interpreter: the SDK reads SSL_CERT_FILE once, when it builds its process-wide pool.
+    ca, _ = session_ca
+    async with open_envd_server(tls=True, ca=ca, faults=FaultPlan()) as server:
+        assert server.sandbox_url.startswith("https://")
+        proc = await trio.run_process(
+            [sys.executable, "-c", _TLS_SCENARIO],
+            env={**os.environ, **server.sdk_env()},
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert json.loads(proc.stdout) == ["over-h2\n", "tls bytes"]
+        stats = server.statistics()
+        # RPCs and uploads went over HTTP/2 through the proxy (downloads use HTTP/1.1).
+        assert stats["proxy"]["h2_connections"] >= 1
+        assert stats["proxy"]["streams"] >= 2
+        assert stats["live_sandboxes"] == 0
+
+
+async def test_sdk_debug_mode_uses_the_lazy_debug_sandbox(server: EnvdServer) -> None:
+    def scenario() -> str:
+        sb = e2b.Sandbox.create(debug=True, sandbox_url=server.sandbox_url)
+        return sb.commands.run("echo debug").stdout
+
+    assert await in_thread(scenario) == "debug\n"
+    assert server.live_sandbox_ids() == ["debug_sandbox_id"]
+
+
+async def test_sdk_command_timeout_kills_the_process(server: EnvdServer) -> None:
+    marker = f"sdk-timeout-{uuid.uuid4().hex}"
+
+    def scenario() -> type[BaseException]:
+        sb = e2b.Sandbox.create(timeout=60, **params(server))
+        try:
+            sb.commands.run(f"sleep 300 # {marker}", timeout=1)
+        except Exception as exc:
+            return type(exc)
+        raise AssertionError("the command did not time out")
+
+    assert issubclass(await in_thread(scenario), e2b.TimeoutException)
+    with trio.fail_after(10):
+        while _marker_pids(marker):  # noqa: ASYNC110 - polls /proc; the kill is asynchronous
+            await trio.sleep(0.05)
+
+
+async def test_sdk_sees_503_with_retry_after_as_a_typed_error() -> None:
+    from trio_swe.testing import Fault
+
+    plan = FaultPlan(
+        [Fault(kind="status", route="/process.Process/Start", status=429, retry_after=1, times=1)]
+    )
+    async with open_envd_server(faults=plan, fault_proxy=False) as server:
+
+        def scenario() -> tuple[type[BaseException], str]:
+            sb = e2b.Sandbox.create(timeout=60, **params(server))
+            try:
+                sb.commands.run("echo never")
+            except Exception as exc:
+                first: type[BaseException] = type(exc)
+            else:
+                raise AssertionError("no fault")
+            return first, sb.commands.run("echo second").stdout
+
+        first, second = await in_thread(scenario)
+        assert issubclass(first, e2b.RateLimitException)
+        assert second == "second\n"
+        assert server.statistics()["faults_injected"] == {"status": 1}
