@@ -51,17 +51,25 @@ def sampled_as(sample: Sample, i: int, turns: list[TurnRecord]) -> list[tuple[Tu
     return found
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(turns=chains(), policy=policies, limit=limits)
 def test_builder_invariants(
     turns: list[TurnRecord], policy: dict[str, object], limit: int | None
 ) -> None:
+    b = SampleBuilder(max_sample_tokens=limit, **policy)  # type: ignore[arg-type]
     try:
-        out = build(turns, max_sample_tokens=limit, **policy)
+        for t in turns:
+            b.add(t)
+        out = b.finish(reward=1.0, metadata={"episode": "e"})
     except InvalidArgumentError:
         with pytest.raises(ValueError, match="no log-probs"):
             ref_build(turns, **policy)  # type: ignore[arg-type]
         return
+    st = b.statistics()
+    assert st.samples == len(out)
+    assert st.tokens == sum(len(s.tokens) for s in out)
+    assert st.trained_tokens == sum(s.num_trained_tokens() for s in out)
+    assert st.turns == len(turns) == st.clean + st.realign + st.fork + 1
     for s in out:
         rl = s.response_length
         assert 0 <= rl <= len(s.tokens)
@@ -84,7 +92,7 @@ def test_builder_invariants(
                 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(turns=chains(), policy=policies)
 def test_builder_matches_reference(turns: list[TurnRecord], policy: dict[str, object]) -> None:
     """Differential test against a plain-list reimplementation of the rules."""
@@ -157,7 +165,7 @@ def assert_prefix(c: Sample, f: Sample, limit: int) -> None:
         assert c.status == ("aborted" if rl == 0 or f.status == "aborted" else "truncated")
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(sample=samples(finite=False), limit=st.integers(min_value=0, max_value=45))
 def test_truncate_any_sample(sample: Sample, limit: int) -> None:
     cut = truncate(sample, limit)
@@ -170,7 +178,7 @@ def test_truncate_any_sample(sample: Sample, limit: int) -> None:
     assert truncate(cut, limit) is cut
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(sample=samples(finite=False))
 def test_msgpack_roundtrip(sample: Sample) -> None:
     data = encode_sample(sample)

@@ -135,10 +135,10 @@ def as_mask(value: object, name: str) -> memoryview:
         mv = _from_iterable(mv.tolist(), "B", name)
     elif mv.format != "B" or not mv.readonly:
         mv = _flat(mv, name).cast("B").toreadonly()
-    raw = mv.tobytes()  # bytes.count is a C loop; this copy is 1 byte per token
-    if raw.count(0) + raw.count(1) != len(raw):
-        bad = next(b for b in raw if b > 1)
-        raise InvalidArgumentError(f"{name} must hold only 0 and 1, found {bad}")
+    # One C pass: delete every 0 and 1; anything left is invalid. (Faster than two counts.)
+    rest = mv.tobytes().translate(None, b"\x00\x01")
+    if rest:
+        raise InvalidArgumentError(f"{name} must hold only 0 and 1, found {rest[0]}")
     return mv
 
 

@@ -24,7 +24,7 @@ import msgspec
 
 from .._errors import InvalidArgumentError
 from ._buffers import common_prefix_bytes, float_view
-from ._records import Sample, TurnRecord, finite_reward
+from ._records import Sample, TurnRecord, finite_reward, trusted_sample
 from ._truncate import truncate
 
 TurnKind = Literal["start", "clean", "realign", "fork"]
@@ -82,6 +82,7 @@ class _Segment:
         "masked",
         "prompt_len",
         "tokens",
+        "trained",
     )
 
     def __init__(self, prompt: memoryview) -> None:
@@ -93,11 +94,13 @@ class _Segment:
         self.kinds: list[str] = []
         self.ill_formed = 0
         self.masked = 0
+        self.trained = 0  # loss-1 entries in mask, kept up to date (no pass over the mask)
         self.finish_reason = ""
 
     def cut(self, n_tokens: int) -> None:
         """Drop every held token from index ``n_tokens`` on (inside the response region)."""
         r = n_tokens - self.prompt_len
+        self.trained -= self.mask.count(1, r)  # a pass over the cut tail only
         del self.tokens[n_tokens * 4 :]
         del self.mask[r:]
         del self.log_probs[r * 4 :]
@@ -113,18 +116,22 @@ class _Segment:
         n = len(out)
         self.last_response_start = len(self.tokens) // 4
         self.tokens += out
-        self.mask += _ONE * n if trained else bytes(n)
+        if trained:
+            self.mask += _ONE * n
+            self.trained += n
+        else:
+            self.mask += bytes(n)
         lp = turn.output_log_probs
         self.log_probs += bytes(4 * n) if lp is None else lp
 
     def to_sample(self, reward: float, metadata: dict[str, Any]) -> Sample:
-        rl = len(self.mask)
-        return Sample(
-            # Views of the bytearrays, which this segment never touches again.
+        # Views of the bytearrays, which this segment never touches again. Valid by
+        # construction (the property tests decode every built sample through the checks).
+        return trusted_sample(
             tokens=memoryview(self.tokens).cast("i").toreadonly(),
             loss_mask=memoryview(self.mask).toreadonly(),
             rollout_log_probs=float_view(memoryview(self.log_probs).cast("f").toreadonly()),
-            response_length=rl,
+            response_length=len(self.mask),
             reward=reward,
             status="truncated" if self.finish_reason == "length" else "completed",
             metadata=metadata,
@@ -297,10 +304,13 @@ class SampleBuilder:
                 "finish_reason": seg.finish_reason,
             }
             sample = seg.to_sample(value, md)
-            if self.max_sample_tokens is not None and len(sample.tokens) > self.max_sample_tokens:
-                sample = truncate(sample, self.max_sample_tokens)
+            trained = seg.trained
+            limit = self.max_sample_tokens
+            if limit is not None and len(sample.tokens) > limit:
+                sample = truncate(sample, limit)
+                # Count what the cut removed: a pass over the dropped tail only.
+                trained -= seg.mask.count(1, sample.response_length)
                 stats["truncated_samples"] += 1
-            trained = sample.num_trained_tokens()
             if not trained and not self.keep_untrained:
                 stats["dropped_samples"] += 1
                 continue

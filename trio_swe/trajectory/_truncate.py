@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import copy
-
-from msgspec.structs import force_setattr
-
 from .._errors import InvalidArgumentError
-from ._records import Sample
+from ._records import Sample, SampleStatus, trusted_sample
 
 
 def truncate(sample: Sample, max_tokens: int) -> Sample:
@@ -41,19 +37,19 @@ def truncate(sample: Sample, max_tokens: int) -> Sample:
     metadata = dict(sample.metadata)
     metadata.setdefault("truncated_from", n)
     keep = max_tokens - sample.prompt_length
+    status: SampleStatus
     if keep <= 0:
         metadata["abort_reason"] = "prompt_exceeds_max_tokens"
         keep, status = 0, "aborted"
     else:
         status = "aborted" if sample.status == "aborted" else "truncated"
-    # msgspec.structs.replace would rerun __post_init__, whose mask check is a pass over the
-    # mask (O(length)). Slices of a valid sample's buffers are valid by construction, so set
-    # them on a shallow copy (copy.copy of a Struct skips __post_init__): O(1) in the length.
-    out = copy.copy(sample)
-    force_setattr(out, "tokens", sample.tokens[:max_tokens])
-    force_setattr(out, "loss_mask", sample.loss_mask[:keep])
-    force_setattr(out, "rollout_log_probs", sample.rollout_log_probs[:keep])
-    force_setattr(out, "response_length", keep)
-    force_setattr(out, "status", status)
-    force_setattr(out, "metadata", metadata)
-    return out
+    # Slices of a valid sample's buffers are valid: skip the O(length) mask re-check.
+    return trusted_sample(
+        tokens=sample.tokens[:max_tokens],
+        loss_mask=sample.loss_mask[:keep],
+        rollout_log_probs=sample.rollout_log_probs[:keep],
+        response_length=keep,
+        reward=sample.reward,
+        status=status,
+        metadata=metadata,
+    )
