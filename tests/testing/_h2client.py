@@ -11,6 +11,7 @@ from collections.abc import Mapping
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import trio
 
 
@@ -38,6 +39,8 @@ class H2Client:
         self._results: dict[int, StreamResult] = {}
         self.goaway: h2.events.ConnectionTerminated | None = None
         self.closed = trio.Event()
+        #: python-h2 treats any GOAWAY as the end of the connection and refuses later frames.
+        self.broken = False
         self._lock = trio.Lock()
 
     @classmethod
@@ -87,7 +90,14 @@ class H2Client:
                     data = b""
                 if not data:
                     break
-                for event in self._conn.receive_data(data):
+                if self.broken:
+                    continue  # h2 closed its state machine (e.g. after GOAWAY): just drain
+                try:
+                    events = self._conn.receive_data(data)
+                except h2.exceptions.ProtocolError:
+                    self.broken = True
+                    continue
+                for event in events:
                     self._on_event(event)
                 await self._flush()
         finally:

@@ -138,9 +138,9 @@ class EnvdApp:
             await self._handle(req)
         except ClientGone:
             return
-        except AbortConnection:
-            raise
         except Exception as exc:
+            if _is_abort(exc):
+                raise  # hypercorn drops the HTTP/1.1 connection mid-response
             _log.exception("envd test server: %s %s failed", req.method, req.path)
             if not req.started:
                 await req.respond_json(500, {"code": 500, "message": f"internal error: {exc}"})
@@ -751,6 +751,14 @@ class _LostResponse:
 
     async def respond_json(self, status: int, value: Any, headers: Any = ()) -> None:
         return None
+
+
+def _is_abort(exc: BaseException) -> bool:
+    if isinstance(exc, AbortConnection):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(AbortConnection) is not None
+    return False
 
 
 def _keepalive_of(value: str | None) -> float:
