@@ -195,14 +195,26 @@ async def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
             raise  # trio's own cancellation, or we lost a race with completion: final
         guest.token.run_sync_soon(call.cancel)
         # Wait until the trio side has cleaned up (sandboxes killed), even if cancelled again.
-        while not done.done():
-            try:
-                await asyncio.wait([done])
-            except asyncio.CancelledError:
-                continue
+        await _wait_uncancellably(done)
         if not done.cancelled():
             done.exception()  # retrieved: it is a CancelledError or a late result
         raise
+    finally:
+        # The last call out lets the guest run finish before returning, so a program that ends
+        # right after (asyncio.run returning) never abandons a half-finished trio run.
+        if not guest.accepting and await _wait_uncancellably(guest.finished):
+            raise asyncio.CancelledError
+
+
+async def _wait_uncancellably(fut: asyncio.Future[Any]) -> bool:
+    """Wait for ``fut`` even through cancellations; return whether one was swallowed."""
+    swallowed = False
+    while not fut.done():
+        try:
+            await asyncio.wait([fut])
+        except asyncio.CancelledError:
+            swallowed = True
+    return swallowed
 
 
 async def run_episode(

@@ -1,0 +1,130 @@
+"""trio_swe.aio from a plain asyncio program: await 10 episodes, cancel one, both directions."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import trio
+import trio.lowlevel
+
+from trio_swe import EpisodeResult, aio
+from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.demo import DemoSet
+from trio_swe.testing import open_scripted_policy_server
+
+from .test_episode_support import assert_nothing_left, build_demo, demo_config
+
+
+async def _serve_policy(demo: DemoSet, url: asyncio.Future[str]) -> None:
+    """Trio side: the scripted policy server, until cancelled from asyncio."""
+    async with open_scripted_policy_server(demo.scripts) as server:
+        url.set_result(server.url)
+        await trio.sleep_forever()
+
+
+def test_asyncio_program_awaits_ten_episodes_and_cancels_one(tmp_path: Path) -> None:
+    demo, mds, backend = build_demo(tmp_path)
+    slow_id = next(iter(demo.timeouts))
+    instances = (mds * 2)[:10]
+    config = demo_config(agent_time_budget_sec=60.0)  # the slow one is still running when cancelled
+
+    async def main() -> tuple[list[EpisodeResult], bool]:
+        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        server = asyncio.ensure_future(aio.run(_serve_policy, demo, url))
+        policy = SGLangPolicy(await url)
+        agent = BashAgent(policy, ByteTokenizer())
+        tasks = {
+            i: asyncio.ensure_future(
+                aio.run_episode(md, agent, backend=backend, config=config, network=False)
+            )
+            for i, md in enumerate(instances)
+        }
+        slow = next(i for i, md in enumerate(instances) if md.instance_id == slow_id)
+        others = [t for i, t in tasks.items() if i != slow]
+        results = list(await asyncio.gather(*others))
+        assert not tasks[slow].done()  # busy in its 600 s command
+        tasks[slow].cancel()
+        cancelled = False
+        try:
+            await tasks[slow]
+        except asyncio.CancelledError:
+            cancelled = True
+        server.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await server
+        return results, cancelled
+
+    results, cancelled = asyncio.run(main())
+    assert cancelled
+    assert len(results) == 9
+    for result in results:
+        assert result.status == "completed", (result.instance_id, result.error)
+        assert result.reward == demo.expected_rewards[result.instance_id]
+        assert len(result.samples) == 1
+    # The cancelled episode's sandbox was killed before the awaiter saw CancelledError.
+    assert_nothing_left(tmp_path, backend)
+
+
+def test_cancellation_from_the_trio_side_reaches_the_awaiter() -> None:
+    async def main() -> None:
+        started = asyncio.get_running_loop().create_future()
+
+        async def forever() -> None:
+            started.set_result(None)
+            await trio.sleep_forever()
+
+        task = asyncio.ensure_future(aio.run(forever))
+        await started
+        assert aio.statistics()["active"] == 1
+        await aio.shutdown()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert aio.statistics()["running"] == 0
+        # A fresh guest run starts on the next call.
+        assert await aio.run(trio.sleep, 0) is None
+
+    asyncio.run(main())
+
+
+def test_results_and_errors_cross_the_bridge() -> None:
+    class Boom(Exception):
+        pass
+
+    async def fail() -> None:
+        await trio.lowlevel.checkpoint()
+        raise Boom("from trio")
+
+    async def double(x: int) -> int:
+        await trio.sleep(0.01)
+        return 2 * x
+
+    async def main() -> list[int]:
+        with pytest.raises(Boom, match="from trio"):
+            await aio.run(fail)
+        values = await asyncio.gather(*(aio.run(double, i) for i in range(20)))
+        # Each call ran as a task of one shared guest run.
+        return list(values)
+
+    assert asyncio.run(main()) == [2 * i for i in range(20)]
+
+
+def test_asyncio_timeout_cancels_the_trio_task_and_waits_for_its_cleanup() -> None:
+    cleaned: list[str] = []
+
+    async def slow() -> None:
+        try:
+            await trio.sleep_forever()
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.sleep(0.05)  # cleanup that must finish before the awaiter resumes
+            cleaned.append("done")
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                await aio.run(slow)
+        assert cleaned == ["done"]
+
+    asyncio.run(main())
