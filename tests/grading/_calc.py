@@ -132,6 +132,7 @@ class CalcRepo:
     break_p2p: str
     cheat: str
     cheat_after_setup: str
+    fake_f2p: str
     no_apply: str
     hang: str
 
@@ -204,13 +205,16 @@ class CalcRepo:
             "pre_commands": f"git checkout {self.base} -f && git reset --hard HEAD\\n",
             "f2p_script": F2P_SCRIPT,
             "problem_statement": "clamp ignores hi",
+            "FAIL_TO_PASS": ["test_fail_to_pass.py::test_clamp_high"],
+            "PASS_TO_PASS": list(P2P),
         }
         return {**row, **over}
 
     def slime_eval_cmd_sample(self, eval_cmd: str | None = None) -> dict[str, Any]:
-        cmd = (
-            eval_cmd
-            or f"git apply {self._test_patch_file()} && python -m pytest -q -p no:cacheprovider tests"
+        # Resets the graded tests itself, so a patch editing them cannot pass.
+        cmd = eval_cmd or (
+            f"git checkout -q HEAD -- tests && git apply {self._test_patch_file()}"
+            " && python -m pytest -q -p no:cacheprovider tests"
         )
         return {
             "prompt": [{"role": "user", "content": "fix clamp"}],
@@ -249,6 +253,17 @@ class CalcRepo:
         }
         return {**row, **over}
 
+    def binary_patch(self, rel: str, data: bytes) -> str:
+        """A ``git diff --binary`` adding the binary file ``rel``."""
+        path = self.path / rel
+        path.write_bytes(data)
+        try:
+            git(self.path, "add", "-N", rel)
+            return git(self.path, "diff", "--binary", "--", rel)
+        finally:
+            git(self.path, "rm", "-q", "--cached", rel)
+            path.unlink()
+
     def _test_patch_file(self) -> str:
         """The test patch, committed into the repo at a path outside the graded tests."""
         return "ci/test.patch"
@@ -284,10 +299,12 @@ def build_calc_repo(root: Path) -> CalcRepo:
         "--- a/calc/__init__.py\n+++ b/calc/__init__.py\n"
         "@@ -1,3 +1,3 @@\n-def nothing_like_this(a, b):\n+def add(a, b):\n     return 42\n \n"
     )
+    # Plants a passing test_fail_to_pass.py where Scale-SWE's f2p script goes.
+    fake_f2p = _diff(repo, "test_fail_to_pass.py", "def test_clamp_high():\n    pass\n")
     # Fixes the bug but makes importing the package hang: the suite outlives any budget.
     hang = _diff(repo, "calc/__init__.py", "import time\n\ntime.sleep(600)\n\n\n" + FIXED)
     return CalcRepo(
-        repo, base, test_patch, gold, break_p2p, cheat, cheat_after_setup, no_apply, hang
+        repo, base, test_patch, gold, break_p2p, cheat, cheat_after_setup, fake_f2p, no_apply, hang
     )
 
 

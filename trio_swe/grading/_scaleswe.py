@@ -138,11 +138,13 @@ class ScaleSweProtocol:
                 )
             assert g.f2p_script is not None
             await sb.write_file(f"{md.workdir}/{F2P_FILE}", g.f2p_script, user="root")
-            run = (
-                f"python -m pytest -rA -p no:cacheprovider {F2P_FILE}"
-                if _PYTEST_TESTS.search(g.f2p_script)
-                else f"python {F2P_FILE}"
-            )
+            if _PYTEST_TESTS.search(g.f2p_script):
+                # Run by pytest: Scale-SWE's scripts end in a bare ``pytest.main(...)`` whose
+                # status is thrown away, so ``python script.py`` would exit 0 when tests fail.
+                ids = " ".join(shlex.quote(t) for t in (F2P_FILE, *g.pass_to_pass))
+                run = f"python -m pytest -rA -p no:cacheprovider {ids}"
+            else:
+                run = f"python {F2P_FILE}"
             script = f"cd {shlex.quote(md.workdir)} || exit 97\n{run}\n"
             return await _grade_exit_code(
                 sb, md, phases, outcome.rung, "f2p_script", script, timeout_sec

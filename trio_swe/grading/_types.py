@@ -41,14 +41,18 @@ class ScaleSweGrading(msgspec.Struct, frozen=True, kw_only=True, tag="scaleswe")
     Attributes:
         swepro: SWE-bench Pro run script + parser.
         eval_cmd: a shell command run in the workdir; exit 0 means solved.
-        f2p_script: a fail-to-pass pytest file (Scale-SWE); all its tests passing means solved.
+        f2p_script: a fail-to-pass pytest file (Scale-SWE); its tests and the row's
+            ``pass_to_pass`` tests all passing means solved.
         pre_commands: shell lines run before the patch is applied.
+        pass_to_pass: pytest ids that must keep passing (Scale-SWE's ``PASS_TO_PASS``); run
+            together with the f2p script.
     """
 
     swepro: SweProSpec | None = None
     eval_cmd: str | None = None
     f2p_script: str | None = None
     pre_commands: tuple[str, ...] = ()
+    pass_to_pass: tuple[str, ...] = ()
 
     @property
     def grader(self) -> str | None:

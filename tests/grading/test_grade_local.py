@@ -1,0 +1,226 @@
+"""Grading real patches of a real repository in real local sandboxes, for every protocol and shape.
+
+Each case boots a fresh bubblewrap sandbox from the calc repository (see ``_calc.py``), applies
+a patch and runs the row's grader; the swebench cases are graded by swebench's own
+``get_eval_report`` on the real log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_swe.grading import _swebench_api as sw
+from trio_swe.grading import (
+    evaluability_check,
+    get_metadata,
+    local_backend_shims,
+    run_evaluation,
+)
+from trio_swe.sandbox.local import LocalBackend
+
+from ._calc import CalcRepo, build_calc_repo
+
+# The calc suite needs no pytest plugins; loading the venv's (hypothesis, xdist, trio...) in
+# every graded run would dominate the test time.
+_FAST_PYTEST = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+HANG_BUDGET_SEC = 2.0
+BUDGET_SEC = 60.0
+
+
+@pytest.fixture(scope="module")
+def calc(tmp_path_factory: pytest.TempPathFactory) -> CalcRepo:
+    return build_calc_repo(tmp_path_factory.mktemp("calc"))
+
+
+@pytest.fixture
+def grading_backend() -> LocalBackend:
+    kw = local_backend_shims()
+    return LocalBackend(
+        ro_binds=kw["ro_binds"], extra_path=kw["extra_path"], env={**kw["env"], **_FAST_PYTEST}
+    )
+
+
+def _swebench_major() -> int:
+    api = sw.get_api()
+    return 0 if api is None else api.major
+
+
+Shape = tuple[str, Callable[[CalcRepo, Path], dict[str, Any]]]
+SHAPES: dict[str, Shape] = {
+    "swebench_v5_row": ("swebench", lambda c, t: c.swebench_v5_row()),
+    "swebench_classic_row": ("swebench", lambda c, t: c.swebench_classic_row()),
+    "swebench_slime_sample": ("swebench", lambda c, t: c.slime_swebench_sample()),
+    "scaleswe_f2p_row": ("scaleswe", lambda c, t: c.scaleswe_f2p_row()),
+    "scaleswe_eval_cmd_sample": ("scaleswe", lambda c, t: c.slime_eval_cmd_sample()),
+    "scaleswe_swepro_row": ("scaleswe", lambda c, t: c.swepro_row(t)),
+}
+CLASSIC = {"swebench_classic_row", "swebench_slime_sample"}
+
+
+def _marks(shape: str) -> list[pytest.MarkDecorator]:
+    return [pytest.mark.swebench] if SHAPES[shape][0] == "swebench" else []
+
+
+def _cases() -> list[Any]:
+    outcomes = ["gold", "empty", "no_apply", "break_p2p", "hang", "cheat"]
+    return [
+        pytest.param(shape, outcome, marks=_marks(shape), id=f"{shape}-{outcome}")
+        for shape in SHAPES
+        for outcome in outcomes
+    ]
+
+
+def _patch(calc: CalcRepo, shape: str, outcome: str) -> str:
+    if outcome == "empty":
+        return ""
+    if outcome == "cheat":
+        # What an agent could write to make its graded tests pass without fixing the bug.
+        if shape == "scaleswe_swepro_row":
+            return calc.cheat_after_setup  # the agent saw the tests after before_repo_set_cmd
+        if shape == "scaleswe_f2p_row":
+            return calc.fake_f2p
+        return calc.cheat
+    patch: str = getattr(calc, outcome)
+    return patch
+
+
+@pytest.mark.parametrize(("shape", "outcome"), _cases())
+async def test_grade(
+    calc: CalcRepo, grading_backend: LocalBackend, tmp_path: Path, shape: str, outcome: str
+) -> None:
+    protocol, make_row = SHAPES[shape]
+    md = get_metadata(make_row(calc, tmp_path), protocol)
+    if shape in CLASSIC and _swebench_major() >= 5:
+        # swebench 5.x cannot build an eval script from repo+version: flagged before any episode.
+        if outcome != "gold":
+            pytest.skip("one case is enough for an unevaluable row")
+        reason = evaluability_check(md)
+        assert reason is not None
+        assert reason.startswith("classic_row_needs_swebench_4")
+        result = await run_evaluation(grading_backend, md, calc.gold, timeout_sec=BUDGET_SEC)
+        assert (result.reward, result.reason, result.infra_failure) == (0.0, "unevaluable", True)
+        return
+    assert evaluability_check(md) is None
+    budget = HANG_BUDGET_SEC if outcome == "hang" else BUDGET_SEC
+    result = await run_evaluation(
+        grading_backend, md, _patch(calc, shape, outcome), timeout_sec=budget
+    )
+
+    assert result.protocol == protocol
+    assert result.instance_id == md.instance_id
+    assert grading_backend.statistics()["live"] == 0  # the eval sandbox was killed
+    explain = f"{result.reason}: {result.detail}\n{result.log_tail[-1500:]}"
+    if outcome == "gold":
+        assert (result.reward, result.resolved, result.reason) == (1.0, True, "resolved"), explain
+        assert result.apply_method == "git_apply"
+        assert result.applied_cleanly
+        if result.f2p_total is not None:
+            assert result.f2p_passed == result.f2p_total > 0
+            assert result.p2p_passed == result.p2p_total
+    elif outcome == "empty":
+        assert (result.reward, result.reason) == (0.0, "tests_failed"), explain
+        assert result.applied_cleanly
+        assert result.apply_method == "empty"
+    elif outcome == "no_apply":
+        assert (result.reward, result.reason) == (0.0, "patch_apply_failed"), explain
+        assert not result.applied_cleanly
+        assert result.apply_method is None
+        assert "patch" in result.log_tail  # the ladder's log says why
+    elif outcome == "break_p2p":
+        assert (result.reward, result.resolved, result.reason) == (0.0, False, "tests_failed"), (
+            explain
+        )
+        if result.p2p_total is not None:
+            assert result.f2p_passed == result.f2p_total
+            assert result.p2p_passed is not None
+            assert result.p2p_passed < result.p2p_total
+    elif outcome == "hang":
+        assert (result.reward, result.reason) == (0.0, "tests_timeout"), explain
+        assert result.test_exit_code == -1
+        assert result.durations["total"] < budget + 30
+    else:  # cheat
+        assert result.applied_cleanly, explain
+        assert (result.reward, result.resolved) == (0.0, False), explain
+    assert result.durations["total"] >= result.durations.get("tests", 0.0)
+
+
+@pytest.mark.swebench
+async def test_swebench_tests_status_comes_from_swebench(
+    calc: CalcRepo, grading_backend: LocalBackend
+) -> None:
+    md = get_metadata(calc.swebench_v5_row(), "swebench")
+    result = await run_evaluation(grading_backend, md, calc.break_p2p, timeout_sec=BUDGET_SEC)
+    assert result.tests_status["tests/test_calc.py::test_add"] == "FAILED"
+    assert result.tests_status["tests/test_calc.py::test_clamp_high"] == "PASSED"
+    assert (result.f2p_passed, result.f2p_total, result.p2p_passed, result.p2p_total) == (
+        2,
+        2,
+        1,
+        2,
+    )
+
+
+@pytest.mark.swebench
+async def test_swebench_log_without_markers_is_ungradable(
+    calc: CalcRepo, grading_backend: LocalBackend
+) -> None:
+    # An eval script that runs the tests but never prints swebench's markers.
+    script = calc.eval_script().replace(": '>>>>> Start Test Output'\n", "")
+    md = get_metadata(calc.swebench_v5_row(eval_script=script), "swebench")
+    result = await run_evaluation(grading_backend, md, calc.gold, timeout_sec=BUDGET_SEC)
+    assert (result.reward, result.reason) == (0.0, "log_ungradable")
+    assert "PASSED" in result.log_tail  # the tests ran; the log just cannot be trusted
+
+
+async def test_pre_commands_failure_is_infrastructure(
+    calc: CalcRepo, grading_backend: LocalBackend
+) -> None:
+    row = calc.scaleswe_f2p_row(pre_commands=["true", "git checkout no-such-ref", "true"])
+    result = await run_evaluation(
+        grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
+    )
+    assert (result.reward, result.reason, result.infra_failure) == (0.0, "setup_failed", True)
+    assert "no-such-ref" in result.log_tail
+    assert "pre_commands" in result.detail
+
+
+async def test_no_grader_is_flagged_and_costs_no_sandbox(
+    calc: CalcRepo, grading_backend: LocalBackend
+) -> None:
+    md = get_metadata({"metadata": {"image": calc.image, "instance_id": "x"}}, "scaleswe")
+    assert evaluability_check(md) == "no_grader"
+    result = await run_evaluation(grading_backend, md, calc.gold, timeout_sec=BUDGET_SEC)
+    assert (result.reward, result.reason, result.infra_failure) == (0.0, "no_grader", True)
+    assert grading_backend.statistics()["created"] == 0
+
+
+async def test_binary_patch_is_applied(calc: CalcRepo, grading_backend: LocalBackend) -> None:
+    binary = bytes(range(256)) * 4
+    eval_cmd = "python -c \"import sys; d=open('blob.bin','rb').read(); sys.exit(d != bytes(range(256))*4)\""
+    patch = calc.binary_patch("blob.bin", binary)
+    md = get_metadata(calc.slime_eval_cmd_sample(eval_cmd=eval_cmd), "scaleswe")
+    result = await run_evaluation(grading_backend, md, patch, timeout_sec=BUDGET_SEC)
+    assert (result.reward, result.apply_method) == (1.0, "git_apply"), result.log_tail
+
+
+@pytest.mark.xfail(
+    reason="local backend: cancelling open_sandbox's nursery marks the sandbox dead before "
+    "exec_and_wait's shielded cleanup runs, so SandboxNotRunningError escapes instead of "
+    "Cancelled (reported to the lead); the sandbox itself is still killed",
+    strict=False,
+)
+async def test_cancellation_leaves_no_sandbox(
+    calc: CalcRepo, grading_backend: LocalBackend
+) -> None:
+    md = get_metadata(calc.scaleswe_f2p_row(), "scaleswe")
+    with trio.move_on_after(1.0) as scope:
+        await run_evaluation(grading_backend, md, calc.hang, timeout_sec=BUDGET_SEC)
+    assert scope.cancelled_caught
+    stats = grading_backend.statistics()
+    assert stats["created"] == 1
+    assert stats["live"] == 0
