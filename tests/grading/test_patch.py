@@ -1,0 +1,172 @@
+"""The apply ladder: path extraction, verdict parsing, and the script on real git repositories."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trio_swe.grading._patch import (
+    apply_script,
+    is_empty_patch,
+    parse_verdict,
+    touched_paths,
+)
+
+from ._calc import git
+
+
+def _repo(tmp_path: Path, files: dict[str, str]) -> Path:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    for rel, text in files.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "i")
+    return repo
+
+
+def _diff_of(repo: Path, edits: dict[str, str]) -> str:
+    """The diff of ``edits`` against HEAD; the tree is left at HEAD."""
+    for rel, text in edits.items():
+        (repo / rel).write_text(text)
+    git(repo, "add", "-N", *edits)
+    diff = git(repo, "diff", "--binary")
+    git(repo, "reset", "-q", "--hard")
+    git(repo, "clean", "-qfd")
+    return diff
+
+
+def _apply(repo: Path, patch: str, tmp_path: Path) -> tuple[bool, str | None, str]:
+    (tmp_path / "p.diff").write_text(patch)
+    (tmp_path / "p.list").write_bytes(b"".join(p.encode() + b"\0" for p in touched_paths(patch)))
+    script = apply_script(
+        workdir=str(repo),
+        patch_path=str(tmp_path / "p.diff"),
+        list_path=str(tmp_path / "p.list"),
+        state_dir=str(tmp_path / "state"),
+    )
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
+    applied, rung = parse_verdict(out.stdout)
+    log = (tmp_path / "state" / "apply.log").read_text() if (tmp_path / "state").exists() else ""
+    return applied, rung, log
+
+
+def _status(repo: Path) -> str:
+    return git(repo, "status", "--porcelain=v1", "--untracked-files=all")
+
+
+LINES = "".join(f"{i}\n" for i in range(1, 31))
+
+
+def test_clean_patch_applies_with_git_apply(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    patch = _diff_of(repo, {"f.txt": LINES.replace("15\n", "fifteen\n")})
+    assert _apply(repo, patch, tmp_path)[:2] == (True, "git_apply")
+    assert "fifteen" in (repo / "f.txt").read_text()
+
+
+def test_drifted_context_falls_through_to_patch_fuzz(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    patch = _diff_of(repo, {"f.txt": LINES.replace("15\n", "fifteen\n")})
+    # The file drifted under the patch's context lines (and is committed, so no 3-way base).
+    (repo / "f.txt").write_text(LINES.replace("13\n", "thirteen\n").replace("17\n", "x\n"))
+    git(repo, "commit", "-qam", "drift")
+    git(repo, "gc", "-q", "--prune=now")
+    applied, rung, _ = _apply(repo, patch, tmp_path)
+    assert applied
+    assert rung in ("git_apply_3way", "patch_fuzz")
+    assert "fifteen" in (repo / "f.txt").read_text()
+    assert not list(repo.glob("*.rej"))
+    assert not list(repo.glob("*.orig"))
+
+
+def test_failed_rungs_leave_the_tree_as_it_was(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES, "g.txt": "g\n"})
+    # A two-hunk patch whose second hunk cannot apply anywhere: --reject and patch would each
+    # apply the first hunk and leave .rej files; git apply --3way would leave conflict markers.
+    good = _diff_of(repo, {"f.txt": LINES.replace("15\n", "fifteen\n")})
+    bad = good + (
+        "diff --git a/g.txt b/g.txt\n--- a/g.txt\n+++ b/g.txt\n@@ -1 +1 @@\n-nothere\n+x\n"
+        "diff --git a/new.txt b/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new.txt\n"
+        "@@ -0,0 +1 @@\n+new\n"
+    )
+    # Local state from setup commands that the ladder must not destroy.
+    (repo / "g.txt").write_text("g changed by setup\n")
+    (repo / "untracked.txt").write_text("keep me\n")
+    before = _status(repo)
+    applied, rung, log = _apply(repo, bad, tmp_path)
+    assert (applied, rung) == (False, None)
+    for name in ("git_apply", "git_apply_3way", "git_apply_reject", "patch_fuzz"):
+        assert f"+ {name}" in log
+    assert _status(repo) == before
+    assert (repo / "f.txt").read_text() == LINES
+    assert (repo / "g.txt").read_text() == "g changed by setup\n"
+    assert not (repo / "new.txt").exists()
+    assert git(repo, "ls-files", "-u") == ""  # no conflicted index entries
+
+
+def test_three_way_merge_rung(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    patch = _diff_of(repo, {"f.txt": LINES.replace("2\n", "two\n", 1)})
+    # An unrelated change right next to the hunk: plain apply fails, a 3-way merge succeeds.
+    (repo / "f.txt").write_text(LINES.replace("3\n", "three\n", 1))
+    git(repo, "commit", "-qam", "next to it")
+    applied, rung, _ = _apply(repo, patch, tmp_path)
+    assert applied
+    assert rung in ("git_apply_3way", "patch_fuzz")
+    text = (repo / "f.txt").read_text()
+    assert "two\n" in text
+    assert "three\n" in text
+
+
+def test_binary_patch(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, {"a.txt": "a\n"})
+    blob = bytes(range(256)) * 8
+    (repo / "b.bin").write_bytes(blob)
+    git(repo, "add", "-N", "b.bin")
+    patch = git(repo, "diff", "--binary")
+    git(repo, "rm", "-q", "--cached", "b.bin")
+    (repo / "b.bin").unlink()
+    assert "GIT binary patch" in patch
+    assert _apply(repo, patch, tmp_path)[:2] == (True, "git_apply")
+    assert (repo / "b.bin").read_bytes() == blob
+
+
+@pytest.mark.parametrize("patch", ["", "\n", "  \n\t\n"])
+def test_empty_patch_is_applied(tmp_path: Path, patch: str) -> None:
+    repo = _repo(tmp_path, {"a.txt": "a\n"})
+    assert is_empty_patch(patch)
+    assert _apply(repo, patch, tmp_path)[:2] == (True, "empty")
+
+
+def test_touched_paths() -> None:
+    patch = (
+        "diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n"
+        "diff --git a/new.txt b/new.txt\nnew file mode 100644\n--- /dev/null\n+++ b/new.txt\n"
+        "diff --git a/old b/nw\nsimilarity index 90%\nrename from old\nrename to nw\n"
+        'diff --git "a/p\\303\\244th" "b/p\\303\\244th"\n--- "a/p\\303\\244th"\n+++ "b/p\\303\\244th"\n'
+        "diff --git a/img.png b/img.png\nBinary files a/img.png and b/img.png differ\n"
+        "--- a/../../etc/passwd\n+++ /abs/path\n"
+    )
+    assert touched_paths(patch) == ["src/x.py", "new.txt", "old", "nw", "päth", "img.png"]
+
+
+def test_parse_verdict() -> None:
+    assert parse_verdict("noise\n@@TRIO_SWE_APPLY ok git_apply\n") == (True, "git_apply")
+    assert parse_verdict("@@TRIO_SWE_APPLY failed\n") == (False, None)
+    assert parse_verdict("@@TRIO_SWE_APPLY ok bogus\n") == (False, None)
+    assert parse_verdict("") == (False, None)
+
+
+@given(st.text())
+def test_touched_paths_never_escape(patch: str) -> None:
+    for path in touched_paths(patch):
+        assert path
+        assert not path.startswith("/")
+        assert ".." not in path.split("/")

@@ -1,0 +1,170 @@
+"""The swebench adapter against the installed swebench (4.1 or 5.x): eval scripts and log grading.
+
+Logs are graded by swebench's own ``get_eval_report`` and parsers; these tests only feed them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_swe.grading import _swebench_api as sw
+from trio_swe.grading import evaluability_check, get_metadata
+
+pytestmark = pytest.mark.swebench
+
+ROWS = Path("/work/shared/data/rows")
+F2P = ["tests/test_x.py::test_fixed"]
+P2P = ["tests/test_x.py::test_old"]
+
+
+def _major() -> int:
+    api = sw.get_api()
+    assert api is not None, sw.unavailable_reason()
+    return api.major
+
+
+def _row(prefix: str) -> dict[str, Any]:
+    (path,) = [p for p in ROWS.glob(f"{prefix}*.json") if p.name.count("__") <= 3]
+    row: dict[str, Any] = json.loads(path.read_text())
+    return row
+
+
+def _v5_row(**over: Any) -> dict[str, Any]:
+    row = {
+        "instance_id": "pytest-dev__pytest-1",
+        "repo": "pytest-dev/pytest",
+        "version": "5.4",
+        "base_commit": "0" * 40,
+        "test_patch": "",
+        "image": "img",
+        "eval_script": "#!/bin/bash\nset -uxo pipefail\n: '>>>>> Start Test Output'\npytest -rA\n: '>>>>> End Test Output'\n",
+        "log_parser": "parse_log_pytest",
+        "eval_type": "pass_and_fail",
+        "FAIL_TO_PASS": F2P,
+        "PASS_TO_PASS": P2P,
+    }
+    return {**row, **over}
+
+
+def _log(*lines: str, exit_code: int | None = None, end: bool = True) -> str:
+    out = ["+ : '>>>>> Start Test Output'", "+ pytest -rA", *lines]
+    if exit_code is not None:
+        out.append(f"+ SWEBENCH_TEST_EXIT_CODE={exit_code}")
+    if end:
+        out.append("+ : '>>>>> End Test Output'")
+    if exit_code is not None:
+        out.append(f">>>>> Test Exit Code: {exit_code}")
+    return "\n".join(out) + "\n"
+
+
+def _grade(log: str, **over: Any) -> sw.LogGrade:
+    md = get_metadata(_v5_row(**over), "swebench")
+    spec = sw.build_test_spec(md)
+    return sw.grade_log(spec, md.instance_id, "diff", log)
+
+
+def test_resolved_log() -> None:
+    g = _grade(_log(f"PASSED {F2P[0]}", f"PASSED {P2P[0]}", exit_code=0))
+    assert (g.gradable, g.resolved) == (True, True)
+    assert (g.f2p_passed, g.f2p_total, g.p2p_passed, g.p2p_total) == (1, 1, 1, 1)
+    assert g.tests_status == {F2P[0]: "PASSED", P2P[0]: "PASSED"}
+
+
+def test_failing_f2p_is_not_resolved() -> None:
+    g = _grade(_log(f"FAILED {F2P[0]} - assert 1 == 2", f"PASSED {P2P[0]}", exit_code=1))
+    assert (g.gradable, g.resolved) == (True, False)
+    assert (g.f2p_passed, g.p2p_passed) == (0, 1)
+
+
+def test_missing_f2p_is_a_failure() -> None:
+    g = _grade(_log(f"PASSED {P2P[0]}", exit_code=0))
+    assert (g.gradable, g.resolved, g.f2p_passed) == (True, False, 0)
+
+
+def test_log_without_end_marker_is_ungradable() -> None:
+    g = _grade(_log(f"PASSED {F2P[0]}", f"PASSED {P2P[0]}", end=False))
+    assert (g.gradable, g.resolved) == (False, False)
+
+
+def test_apply_failed_marker_is_ungradable() -> None:
+    log = _log(f"PASSED {F2P[0]}", f"PASSED {P2P[0]}") + ">>>>> Patch Apply Failed\n"
+    assert _grade(log).gradable is False
+
+
+def test_spoofed_passed_lines_with_a_failing_exit_code() -> None:
+    # PASSED lines printed by, e.g., a conftest, while pytest itself exited 1.
+    g = _grade(_log(f"PASSED {F2P[0]}", f"PASSED {P2P[0]}", exit_code=1))
+    if _major() >= 5:
+        assert (g.gradable, g.resolved) == (False, False)  # 5.x's exit-code check
+    else:
+        assert g.resolved  # 4.x has no such check (documented)
+
+
+def test_build_v5_row_spec() -> None:
+    md = get_metadata(_v5_row(), "swebench")
+    spec = sw.build_test_spec(md)
+    assert "pytest -rA" in spec.eval_script
+    assert spec.FAIL_TO_PASS == F2P
+    if _major() >= 5:
+        assert ">>>>> Test Exit Code" in spec.eval_script  # record_test_exit_code
+
+
+@pytest.mark.parametrize("prefix", ["swebench_v5__markedjs", "swebench_v5__chartjs"])
+def test_real_v5_rows_build(prefix: str) -> None:
+    row = _row(prefix)
+    md = get_metadata(row, "swebench")
+    assert evaluability_check(md) is None
+    spec = sw.build_test_spec(md)
+    assert ">>>>> Start Test Output" in spec.eval_script
+    assert row["FAIL_TO_PASS"] == spec.FAIL_TO_PASS
+
+
+@pytest.mark.parametrize("prefix", ["swebench_classic__pvlib", "swebench_classic__pallets"])
+async def test_real_classic_rows(prefix: str) -> None:
+    row = _row(prefix)
+    md = get_metadata(row, "swebench")
+    if _major() >= 5:
+        reason = evaluability_check(md)
+        assert reason is not None
+        assert reason.startswith("classic_row_needs_swebench_4:")
+        assert "swebench>=4.1,<5" in reason
+        return
+    # flask's environment script would fetch requirements.txt from GitHub (no network here):
+    # the eval script is still built, offline, in well under the time a fetch would take.
+    with trio.fail_after(20):
+        reason = await trio.to_thread.run_sync(evaluability_check, md)
+    assert reason is None
+    spec = sw.build_test_spec(md)
+    script = spec.eval_script
+    assert row["test_patch"].strip().splitlines()[0] in script
+    assert "pytest" in script
+    assert ">>>>> End Test Output" in script
+    for test_file in {t.split("::")[0] for t in json.loads(row["FAIL_TO_PASS"])}:
+        assert test_file in script
+
+
+def test_unknown_repo_version_is_flagged() -> None:
+    md = get_metadata(
+        {
+            "repo": "pytest-dev/pytest",
+            "version": "99.9",
+            "base_commit": "c",
+            "test_patch": "d",
+            "FAIL_TO_PASS": ["t"],
+        },
+        "swebench",
+    )
+    reason = evaluability_check(md) or ""
+    expected = "classic_row_needs_swebench_4" if _major() >= 5 else "unknown_repo_version"
+    assert reason.startswith(expected)
+
+
+def test_no_graded_tests_is_flagged() -> None:
+    # F2P = P2P = [] is vacuously RESOLVED_FULL for any patch: refused before an episode.
+    md = get_metadata(_v5_row(FAIL_TO_PASS=[], PASS_TO_PASS=[]), "swebench")
+    assert evaluability_check(md) == "no_graded_tests"
