@@ -44,6 +44,20 @@ def test_msgpack_buffers_are_bin_and_decoded_as_views() -> None:
     s = make(100)
     data = encode_sample(s)
     raw = msgspec.msgpack.decode(data)  # untyped: shows the wire shape
+    assert list(raw) == [
+        "_0",
+        "tokens",
+        "_1",
+        "rollout_log_probs",
+        "loss_mask",
+        "response_length",
+        "reward",
+        "status",
+        "metadata",
+    ]
+    assert len(raw["_0"]) < 4
+    assert len(raw["_1"]) < 4
+    assert data.index(s.tokens.tobytes()) % 4 == 0
     assert isinstance(raw["tokens"], bytes)
     assert len(raw["tokens"]) == 400
     assert len(raw["loss_mask"]) == 98

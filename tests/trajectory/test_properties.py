@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
@@ -187,6 +188,12 @@ def test_msgpack_roundtrip(sample: Sample) -> None:
     assert back.tokens.obj is data
     assert back.rollout_log_probs.obj is data
     assert encode_sample(back) == data
+    # The int32/float32 data sit at multiples of 4 from the message start (aligned views).
+    start = np.frombuffer(data, np.uint8).ctypes.data
+    arrays = back.numpy()
+    for arr in (arrays.tokens, arrays.rollout_log_probs):
+        assert (arr.ctypes.data - start) % 4 == 0
+        assert arr.flags.aligned
 
 
 @settings(max_examples=200, deadline=None)

@@ -2,7 +2,9 @@
 
 msgpack: a :class:`Sample` is a map whose buffers are ``bin`` blobs holding little-endian
 int32/uint8/float32. Decoding returns views into the input, so a decoded sample costs a few
-small allocations whatever its length.
+small allocations whatever its length. Padding entries (keys ``"_0"``, ``"_1"``, ignored when
+decoding) place the int32 and float32 data at offsets that are multiples of 4 from the start of
+the message, so views of a decoded ``bytes`` object are aligned for numpy and torch.
 
 File (``write_samples``/``read_samples``): an 8-byte magic ``b"TSWSMP\\x00\\x01"``, then per
 sample an 8-byte little-endian length and that many bytes of msgpack. Reading streams one
@@ -35,12 +37,48 @@ def _check_host() -> None:
         raise ConfigError("the sample codecs write the in-memory layout: a little-endian host")
 
 
+_PADS = tuple(b"\x00" * k for k in range(4))
+
+
+def _bin_header_size(n: int) -> int:
+    return 2 if n < 0x100 else 3 if n < 0x10000 else 5
+
+
+def _pad_at(offset: int, key_size: int, nbytes: int) -> tuple[bytes, int]:
+    """The pad for an entry ``"_i": bin(k)`` (5 + k bytes) starting at ``offset`` that puts the
+    data of the bin entry after it (key of ``key_size`` bytes) on a multiple of 4; and the
+    offset where that data ends."""
+    head = 5 + key_size + _bin_header_size(nbytes)
+    k = -(offset + head) % 4
+    return _PADS[k], offset + head + k + nbytes
+
+
 def encode_sample(sample: Sample) -> bytes:
-    """``sample`` as msgpack; its buffers are written as ``bin`` (one memcpy each)."""
+    """``sample`` as msgpack; its buffers are written as ``bin`` (one memcpy each).
+
+    The int32 and float32 data start at multiples of 4 from the start of the message.
+    """
     _check_host()
     if not isinstance(sample, Sample):
         raise TypeError(f"encode_sample takes a Sample, not {type(sample).__name__}")
-    return _encoder.encode(sample)
+    tokens, lp = sample.tokens, sample.rollout_log_probs
+    # Sizes are known in advance: the fixmap header is 1 byte, the keys "tokens" 7 and
+    # "rollout_log_probs" 18 (fixstr).
+    pad0, end = _pad_at(1, 7, tokens.nbytes)
+    pad1, _ = _pad_at(end, 18, lp.nbytes)
+    return _encoder.encode(
+        {
+            "_0": pad0,
+            "tokens": tokens,
+            "_1": pad1,
+            "rollout_log_probs": lp,
+            "loss_mask": sample.loss_mask,
+            "response_length": sample.response_length,
+            "reward": sample.reward,
+            "status": sample.status,
+            "metadata": sample.metadata,
+        }
+    )
 
 
 def decode_sample(data: bytes | bytearray | memoryview) -> Sample:

@@ -8,6 +8,7 @@ buffers and satisfies the sample invariants.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
@@ -377,7 +378,7 @@ def trusted_sample(
     meeting every invariant (the property tests check that through a validating decode).
     ``__post_init__``'s mask check is a pass over the mask; this is O(1) in the length.
     """
-    sample = _TEMPLATE.__copy__()  # copying a Struct does not rerun __post_init__
+    sample = copy.copy(_TEMPLATE)  # copying a Struct does not rerun __post_init__
     force_setattr(sample, "tokens", tokens)
     force_setattr(sample, "loss_mask", loss_mask)
     force_setattr(sample, "rollout_log_probs", rollout_log_probs)
