@@ -253,3 +253,21 @@ def test_from_slime_dict_conventions() -> None:
 def test_from_slime_dict_rejects(d: dict[str, object], match: str) -> None:
     with pytest.raises(InvalidArgumentError, match=match):
         Sample.from_slime_dict(d)
+
+
+def test_turn_records_encode_with_msgspec() -> None:
+    """Turns can be logged and replayed with plain msgspec: buffers travel as bin."""
+    t = TurnRecord.from_lists(
+        prompt_ids=[1, 2], output_ids=[3], output_log_probs=[-0.5], finish_reason="length"
+    )
+    data = msgspec.msgpack.encode(t)
+    back = msgspec.msgpack.decode(data, type=TurnRecord)
+    assert back == t
+    assert back.prompt_ids.format == "i"
+    none = TurnRecord.from_lists(prompt_ids=[1], output_ids=[2])
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(none), type=TurnRecord) == none
+    with pytest.raises(msgspec.ValidationError, match="output_log_probs has 2 entries"):
+        msgspec.msgpack.decode(
+            msgspec.msgpack.encode({**msgspec.structs.asdict(t), "output_log_probs": bytes(8)}),
+            type=TurnRecord,
+        )

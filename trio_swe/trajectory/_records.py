@@ -350,7 +350,8 @@ class Sample(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def _same(a: memoryview, b: memoryview) -> bool:
-    """Bitwise equality of two buffers (memcmp; memoryview ``==`` compares item by item)."""
+    """Bitwise equality of two buffers. (memoryview ``==`` unpacks item by item, ~50x slower,
+    and NaN log-probs would never compare equal.)"""
     return a.nbytes == b.nbytes and a.tobytes() == b.tobytes()
 
 
