@@ -139,7 +139,7 @@ class EnvdApp:
         except ClientGone:
             return
         except Exception as exc:
-            if _is_abort(exc):
+            if is_abort(exc):
                 raise  # hypercorn drops the HTTP/1.1 connection mid-response
             _log.exception("envd test server: %s %s failed", req.method, req.path)
             if not req.started:
@@ -753,7 +753,7 @@ class _LostResponse:
         return None
 
 
-def _is_abort(exc: BaseException) -> bool:
+def is_abort(exc: BaseException) -> bool:
     if isinstance(exc, AbortConnection):
         return True
     if isinstance(exc, BaseExceptionGroup):

@@ -15,11 +15,23 @@ import trio
 
 from ..._errors import ConfigError, InvalidArgumentError
 from ...sandbox._protocol import Backend
-from ._app import EnvdApp, FaultHandoff
+from ._app import EnvdApp, FaultHandoff, is_abort
 from ._faults import FaultPlan
 from ._registry import SandboxRegistry
 
 _log = logging.getLogger("trio_swe.testing")
+
+
+class _DropInjectedAborts(logging.Filter):
+    """hypercorn logs every exception an app raises; injected HTTP/1.1 aborts are not errors."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return exc is None or not is_abort(exc)
+
+
+_hypercorn_log = logging.getLogger("trio_swe.testing.hypercorn")
+_hypercorn_log.addFilter(_DropInjectedAborts())
 
 
 class EnvdServer:
@@ -231,7 +243,7 @@ async def open_envd_server(
             config = Config()
             config.bind = [f"{host}:0"] if ":" not in host else [f"[{host}]:0"]
             config.accesslog = None
-            config.errorlog = _log
+            config.errorlog = _hypercorn_log
             config.h2_max_concurrent_streams = max_concurrent_streams
             config.keep_alive_timeout = 650.0
             config.graceful_timeout = 0.5
