@@ -132,8 +132,23 @@ async def run_rollouts(
 
 # --- slime's custom generate ---------------------------------------------------------------
 
-_AGENTS: dict[tuple[str, str], Agent] = {}
+# Agents hold HTTP clients whose connections belong to one trio run: cache them per run.
+_AGENTS: trio.lowlevel.RunVar[dict[tuple[str, str], Agent]] = trio.lowlevel.RunVar(
+    "trio_swe_generate_agents"
+)
 _BACKENDS: dict[str, Backend] = {}
+
+
+def _agent_for(config: SweConfig, url: str) -> Agent:
+    try:
+        agents = _AGENTS.get()
+    except LookupError:
+        agents = {}
+        _AGENTS.set(agents)
+    key = (config.agent, url)
+    if key not in agents:
+        agents[key] = create_agent(_with_policy_url(config, url))
+    return agents[key]
 
 
 def _backend_from_env() -> Backend:
@@ -197,19 +212,21 @@ async def generate(
     except MetadataError as exc:
         return [_slime_abort(sample, f"metadata:{exc}", "unknown")]
     url = _policy_url(args, config)
-    key = (config.agent, url)
-    if key not in _AGENTS:
-        _AGENTS[key] = create_agent(_with_policy_url(config, url))
+    backend = _backend_from_env()
     session_id = getattr(sample, "session_id", None) or None
-    result = await aio.run_episode(
-        md,
-        _AGENTS[key],
-        backend=_backend_from_env(),
-        config=config,
-        episode_id=str(session_id) if session_id else None,
-        sampling_params=sampling_params,
-        build_samples=not evaluation,
-    )
+
+    async def episode() -> EpisodeResult:
+        return await run_episode(
+            md,
+            _agent_for(config, url),
+            backend=backend,
+            config=config,
+            episode_id=str(session_id) if session_id else None,
+            sampling_params=sampling_params,
+            build_samples=not evaluation,
+        )
+
+    result = await aio.run(episode)
     if result.status == "aborted":
         return [_slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)]
     extra = {
