@@ -372,7 +372,7 @@ rows = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(row=rows, protocol=st.sampled_from(["scaleswe", "swebench"]))
 def test_any_row_gives_metadata_or_metadata_error(row: dict[str, Any], protocol: str) -> None:
     try:
