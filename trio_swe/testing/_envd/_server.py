@@ -246,6 +246,9 @@ async def open_envd_server(
             config.errorlog = _hypercorn_log
             config.h2_max_concurrent_streams = max_concurrent_streams
             config.keep_alive_timeout = 650.0
+            # hypercorn sends GOAWAY after 1000 requests per connection by default; E2B's edge
+            # does not, and a GOAWAY must only come from the fault plan.
+            config.keep_alive_max_requests = 2**31
             config.graceful_timeout = 0.5
             config.include_server_header = False
             config.alpn_protocols = ["h2", "http/1.1"] if http2 else ["http/1.1"]
