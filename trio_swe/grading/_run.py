@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Final
 
-from ..sandbox import Backend, ExecResult, Sandbox, open_sandbox
+from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, open_sandbox
 from ._patch import apply_script, is_empty_patch, parse_verdict, touched_paths
 from ._result import LOG_TAIL_CHARS, EvalResult, log_tail
 from ._types import InstanceMetadata
@@ -56,26 +56,13 @@ async def open_eval_sandbox(backend: Backend, md: InstanceMetadata) -> AsyncIter
 async def run_long(
     sb: Sandbox, cmd: str, *, budget_sec: float, env: Mapping[str, str] | None = None
 ) -> ExecResult:
-    """A long command (test suite, setup) as root; ``reason == "time_budget"`` on overrun.
+    """A long command (test suite, setup) as root, detached from the RPC stream.
 
-    Uses ``exec_and_wait`` (detached, survives dropped streams) where available.
+    Overrunning ``budget_sec`` kills the command and gives ``reason == "time_budget"``.
     """
-    try:
-        from ..sandbox._detached import exec_and_wait  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:  # the detached executor is not installed: a plain exec with a timeout
-        result = await sb.exec(cmd, user="root", env=env, timeout=budget_sec)
-        if result.reason == "timeout":
-            return ExecResult(
-                exit_code=result.exit_code,
-                output=result.output,
-                reason="time_budget",
-                duration_sec=result.duration_sec,
-            )
-        return result
-    r: ExecResult = await exec_and_wait(
-        sb, cmd, time_budget_sec=budget_sec, user="root", env=dict(env or {}), want_output=True
+    return await exec_and_wait(
+        sb, cmd, time_budget_sec=budget_sec, user="root", env=dict(env or {})
     )
-    return r
 
 
 async def read_text(sb: Sandbox, path: str) -> str:

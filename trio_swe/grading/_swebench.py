@@ -62,7 +62,8 @@ class SweBenchProtocol:
         self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
     ) -> EvalResult:
         phases = Phases()
-        reason = self.evaluability_check(md)
+        # The first check imports swebench (about a second): keep it off the event loop.
+        reason = await trio.to_thread.run_sync(self.evaluability_check, md)
         if reason is not None:
             return make_result(
                 md, phases, reason=R.UNEVALUABLE, grader="swebench", infra=True, detail=reason
