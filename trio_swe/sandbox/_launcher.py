@@ -287,35 +287,44 @@ if cd @DIR@ 2>/dev/null; then
 fi
 case "$pg" in *[!0-9]*) pg=;; esac
 if printf 'a\\000' | grep -qz a 2>/dev/null; then Z=1; else Z=; fi
-# Pids of the call: environment marker, or the launcher's session / process group.
+# Sets $found to the pids of the call: environment marker, or the launcher's session or process
+# group. Few forks: this runs several times per kill.
+add() {
+  [ "$1" = "$me" ] && return
+  case " $found " in *" $1 "*) ;; *) found="$found $1";; esac
+}
 scan() {
-  {
-    if [ -n "$Z" ]; then
-      grep -lzxF "$run" /proc/[0-9]*/environ 2>/dev/null
-    else
-      for e in /proc/[0-9]*/environ; do
-        tr '\\000' '\\n' 2>/dev/null <"$e" | grep -qxF "$run" && echo "$e"
-      done
-    fi
-    if [ -n "$pg" ]; then
-      for s in /proc/[0-9]*/stat; do
-        read -r l 2>/dev/null <"$s" || continue
-        r=${l##*") "}
-        set -- $r
-        if [ "$1" = Z ] || [ "$1" = X ]; then continue; fi
-        if [ "$3" = "$pg" ] || [ "$4" = "$pg" ]; then echo "${s%/stat}/environ"; fi
-      done
-    fi
-  } | sed -n 's#^/proc/\\([0-9][0-9]*\\)/environ$#\\1#p' | grep -vx "$me" | sort -u
+  found=
+  if [ -n "$Z" ]; then
+    for e in $(grep -lzxF "$run" /proc/[0-9]*/environ 2>/dev/null); do
+      e=${e#/proc/}; add "${e%/environ}"
+    done
+  else
+    for e in /proc/[0-9]*/environ; do
+      if tr '\\000' '\\n' 2>/dev/null <"$e" | grep -qxF "$run"; then
+        e=${e#/proc/}; add "${e%/environ}"
+      fi
+    done
+  fi
+  if [ -n "$pg" ]; then
+    for s in /proc/[0-9]*/stat; do
+      l=; read -r l 2>/dev/null <"$s" || continue
+      set -- ${l##*") "}
+      if [ "$1" = Z ] || [ "$1" = X ]; then continue; fi
+      if [ "$3" = "$pg" ] || [ "$4" = "$pg" ]; then s=${s#/proc/}; add "${s%/stat}"; fi
+    done
+  fi
 }
 # Freeze until the set is closed under fork (a stopped process cannot fork), then kill the lot;
 # repeat until nothing is left.
-rounds=0
-while [ $rounds -lt @ROUNDS@ ]; do
+rounds=0; left=0
+while :; do
+  if [ $rounds -ge @ROUNDS@ ]; then scan; set -- $found; left=$#; break; fi
   frozen=
   while :; do
+    scan
     new=
-    for p in $(scan); do
+    for p in $found; do
       case " $frozen " in *" $p "*) ;; *) new="$new $p";; esac
     done
     [ -z "$new" ] && break
@@ -327,7 +336,6 @@ while [ $rounds -lt @ROUNDS@ ]; do
   rounds=$((rounds+1))
   [ $rounds -gt 1 ] && sleep 0.01
 done
-left=$(scan | wc -l)
 if [ -z "$have" ]; then echo TRIO_SWE gone $((left)); exit 0; fi
 if [ -z "$mine" ]; then rm -f -- @CMD@; echo TRIO_SWE notmine; exit 0; fi
 if [ -e done ]; then
