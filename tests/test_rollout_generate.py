@@ -52,7 +52,7 @@ async def _serve(demo: DemoSet, port: asyncio.Future[int]) -> None:
 
 
 def test_generate_returns_slime_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SWE_AGENT_TIME_BUDGET_SEC", "5")
+    monkeypatch.setenv("SWE_AGENT_TIME_BUDGET_SEC", "60")
     monkeypatch.setenv("SWE_EVAL_TIMEOUT_SEC", "60")
     monkeypatch.setenv("SWE_MAX_TURNS", "10")
     demo = build_demo_set(tmp_path / "repos")
@@ -71,7 +71,7 @@ def test_generate_returns_slime_samples(tmp_path: Path, monkeypatch: pytest.Monk
         out = await asyncio.gather(
             generate(args, sample_of("demo__calc-1"), params),
             generate(args, sample_of("demo__leap-1"), params),
-            generate(args, sample_of("demo__greet-1"), params),
+            generate(args, sample_of("demo__stack-1"), params),
             generate(args, sample_of("demo__words-1"), params, evaluation=True),
             generate(args, broken, params),
         )
@@ -80,7 +80,7 @@ def test_generate_returns_slime_samples(tmp_path: Path, monkeypatch: pytest.Monk
             await server
         except asyncio.CancelledError:
             pass
-        return dict(zip(["calc", "leap", "greet", "eval", "broken"], out, strict=True))
+        return dict(zip(["calc", "leap", "stack", "eval", "broken"], out, strict=True))
 
     out = asyncio.run(main())
     S = SlimeLikeSample.Status
@@ -101,9 +101,10 @@ def test_generate_returns_slime_samples(tmp_path: Path, monkeypatch: pytest.Monk
     (leap,) = out["leap"]
     assert leap.reward == 0.0
     assert leap.status is S.COMPLETED
-    (greet,) = out["greet"]
-    assert greet.metadata["agent_exit_code"] == -1
-    assert greet.metadata["episode_status"] == "truncated"
+    (stack,) = out["stack"]
+    assert stack.reward == 0.0
+    assert stack.metadata["agent_exit_code"] == 0
+    assert stack.metadata["episode_status"] == "completed"
     (evaluated,) = out["eval"]
     assert evaluated.reward == 1.0
     assert evaluated.remove_sample  # evaluation samples are not trained on
