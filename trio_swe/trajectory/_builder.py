@@ -70,10 +70,12 @@ class BuilderStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Segment:
-    """The growing buffers of one sample: little-endian int32/uint8/float32 in bytearrays."""
+    """The growing buffers of one sample (little-endian int32/uint8/float32 in bytearrays) and
+    the counts of the turns placed in it."""
 
     __slots__ = (
         "finish_reason",
+        "fork_prefix",
         "ill_formed",
         "kinds",
         "last_response_start",
@@ -85,17 +87,31 @@ class _Segment:
         "trained",
     )
 
-    def __init__(self, prompt: memoryview) -> None:
+    def __init__(self, prompt: memoryview, *, forked: bool) -> None:
         self.tokens = bytearray(prompt)
         self.prompt_len = len(prompt)  # in tokens; the response region starts here
         self.mask = bytearray()  # response region only
         self.log_probs = bytearray()  # response region only, 4 bytes per token
         self.last_response_start = self.prompt_len
-        self.kinds: list[str] = []
+        self.fork_prefix = self.prompt_len if forked else 0
+        self.kinds: list[TurnKind] = []
         self.ill_formed = 0
         self.masked = 0
         self.trained = 0  # loss-1 entries in mask, kept up to date (no pass over the mask)
         self.finish_reason = ""
+
+    def place(self, prompt: memoryview, out_len: int, threshold: int) -> tuple[TurnKind, int]:
+        """The kind of a turn with this prompt and output length, and the common prefix length
+        of the held tokens and the prompt (in tokens)."""
+        held = self.tokens
+        pb = prompt.cast("B")
+        n = len(held)
+        if len(pb) >= n and held.startswith(pb[:n]):  # one memcmp: the common case
+            return "clean", n >> 2
+        lcp = common_prefix_bytes(held, pb) >> 2
+        if lcp >= self.last_response_start and out_len < threshold:
+            return "realign", lcp
+        return "fork", lcp
 
     def cut(self, n_tokens: int) -> None:
         """Drop every held token from index ``n_tokens`` on (inside the response region)."""
@@ -104,25 +120,6 @@ class _Segment:
         del self.tokens[n_tokens * 4 :]
         del self.mask[r:]
         del self.log_probs[r * 4 :]
-
-    def append_context(self, ids: memoryview) -> None:
-        n = len(ids)
-        self.tokens += ids
-        self.mask += bytes(n)
-        self.log_probs += bytes(4 * n)
-
-    def append_output(self, turn: TurnRecord, trained: bool) -> None:
-        out = turn.output_ids
-        n = len(out)
-        self.last_response_start = len(self.tokens) // 4
-        self.tokens += out
-        if trained:
-            self.mask += _ONE * n
-            self.trained += n
-        else:
-            self.mask += bytes(n)
-        lp = turn.output_log_probs
-        self.log_probs += bytes(4 * n) if lp is None else lp
 
     def to_sample(self, reward: float, metadata: dict[str, Any]) -> Sample:
         # Views of the bytearrays, which this segment never touches again. Valid by
@@ -200,9 +197,11 @@ class SampleBuilder:
         self.missing_log_probs: MissingLogProbsPolicy = missing_log_probs
         self.fork_threshold_tokens = fork_threshold_tokens
         self.keep_untrained = keep_untrained
+        self._mask_ill_formed = ill_formed_policy == "mask"
+        self._error_on_missing = missing_log_probs == "error"
         self._current: _Segment | None = None
         self._closed: list[_Segment] = []
-        self._turn_index = 0  # within the current chain, for error messages
+        # Turn-level counts live in the segments until finish() folds them in here.
         self._stats: dict[str, int] = dict.fromkeys(BuilderStatistics.__struct_fields__, 0)
 
     def classify(self, turn: TurnRecord) -> TurnKind:
@@ -213,14 +212,11 @@ class SampleBuilder:
         seg = self._current
         if seg is None:
             return "start", 0
-        prompt = turn.prompt_ids
-        held = len(seg.tokens) // 4
-        lcp = common_prefix_bytes(seg.tokens, prompt.cast("B")) // 4
-        if lcp == held:
-            return "clean", lcp
-        if lcp >= seg.last_response_start and len(turn.output_ids) < self.fork_threshold_tokens:
-            return "realign", lcp
-        return "fork", lcp
+        return seg.place(turn.prompt_ids, len(turn.output_ids), self.fork_threshold_tokens)
+
+    def _turns_in_chain(self) -> int:
+        segs = [*self._closed, *([self._current] if self._current is not None else [])]
+        return sum(len(seg.kinds) for seg in segs)
 
     def add(self, turn: TurnRecord) -> None:
         """Append one policy call to the chain.
@@ -229,43 +225,55 @@ class SampleBuilder:
             InvalidArgumentError: ``turn`` is not a TurnRecord, or its output would be trained
                 without log-probs and ``missing_log_probs="error"`` (the builder is unchanged).
         """
+        # The hot path of the builder: a memcmp and a few appends per turn, kept inline.
         if not isinstance(turn, TurnRecord):
             raise InvalidArgumentError(f"add() takes a TurnRecord, not {type(turn).__name__}")
-        trained = not (turn.ill_formed and self.ill_formed_policy == "mask")
+        out = turn.output_ids
+        lp = turn.output_log_probs
+        n_out = len(out)
+        trained = not (turn.ill_formed and self._mask_ill_formed)
         masked = not trained
-        if trained and turn.output_log_probs is None and len(turn.output_ids):
-            if self.missing_log_probs == "error":
+        if trained and lp is None and n_out:
+            if self._error_on_missing:
                 raise InvalidArgumentError(
-                    f"turn {self._turn_index} has {len(turn.output_ids)} output tokens to train "
+                    f"turn {self._turns_in_chain()} has {n_out} output tokens to train "
                     "but no output_log_probs (pass missing_log_probs='mask' to mask them)"
                 )
             trained, masked = False, True
 
-        kind, lcp = self._classify(turn)
-        stats = self._stats
         prompt = turn.prompt_ids
-        if kind == "start" or kind == "fork":
-            if self._current is not None:
-                self._closed.append(self._current)
-                stats["fork_prefix_tokens"] += len(prompt)
-            seg = self._current = _Segment(prompt)
+        seg = self._current
+        if seg is None:
+            kind: TurnKind = "start"
+            seg = self._current = _Segment(prompt, forked=False)
         else:
-            assert self._current is not None  # "start" is the only kind without a segment
-            seg = self._current
-            if kind == "realign":
-                seg.cut(lcp)
-            seg.append_context(prompt[lcp:])
-        seg.append_output(turn, trained)
+            kind, lcp = seg.place(prompt, n_out, self.fork_threshold_tokens)
+            if kind == "fork":
+                self._closed.append(seg)
+                seg = self._current = _Segment(prompt, forked=True)
+            else:
+                if kind == "realign":
+                    seg.cut(lcp)
+                n = len(prompt) - lcp  # the prompt's new part: context
+                if n > 0:
+                    seg.tokens += prompt[lcp:]
+                    seg.mask += bytes(n)
+                    seg.log_probs += bytes(4 * n)
+        seg.last_response_start = len(seg.tokens) >> 2
+        if n_out:
+            seg.tokens += out
+            if trained:
+                seg.mask += _ONE * n_out
+                seg.trained += n_out
+            else:
+                seg.mask += bytes(n_out)
+            seg.log_probs += bytes(4 * n_out) if lp is None else lp
         seg.kinds.append(kind)
         seg.finish_reason = turn.finish_reason
-        seg.ill_formed += turn.ill_formed
-        seg.masked += masked
-        self._turn_index += 1
-        stats["turns"] += 1
-        if kind != "start":
-            stats[kind] += 1
-        stats["ill_formed_turns"] += turn.ill_formed
-        stats["masked_turns"] += masked
+        if turn.ill_formed:
+            seg.ill_formed += 1
+        if masked:
+            seg.masked += 1
 
     def finish(self, *, reward: float, metadata: dict[str, Any] | None = None) -> list[Sample]:
         """The chain's samples, in order; the builder is then empty (statistics stay).
@@ -287,10 +295,11 @@ class SampleBuilder:
         segments = self._closed
         if self._current is not None:
             segments.append(self._current)
-        self._current, self._closed, self._turn_index = None, [], 0
+        self._current, self._closed = None, []
         if not segments:
             return []
         stats = self._stats
+        _fold_turn_counts(stats, segments)
         stats["chains"] += 1
         samples: list[Sample] = []
         for i, seg in enumerate(segments):
@@ -321,5 +330,19 @@ class SampleBuilder:
         return samples
 
     def statistics(self) -> BuilderStatistics:
-        """A snapshot of the cumulative counters."""
-        return BuilderStatistics(**self._stats)
+        """A snapshot of the cumulative counters (turn counts include the unfinished chain)."""
+        stats = dict(self._stats)
+        _fold_turn_counts(stats, [*self._closed, *filter(None, [self._current])])
+        return BuilderStatistics(**stats)
+
+
+def _fold_turn_counts(stats: dict[str, int], segments: list[_Segment]) -> None:
+    for seg in segments:
+        kinds = seg.kinds
+        stats["turns"] += len(kinds)
+        stats["clean"] += kinds.count("clean")
+        stats["realign"] += kinds.count("realign")
+        stats["fork"] += kinds.count("fork")
+        stats["ill_formed_turns"] += seg.ill_formed
+        stats["masked_turns"] += seg.masked
+        stats["fork_prefix_tokens"] += seg.fork_prefix
