@@ -53,6 +53,8 @@ SCRIPT_TIMEOUT_SEC = 60.0
 KILL_TIMEOUT_SEC = 30.0
 #: Extra RPC timeout of a wait script beyond its in-sandbox wait.
 _WAIT_RPC_SLACK_SEC = 30.0
+#: With ``want_output``, outputs up to this size come back in the wait RPC's reply itself.
+INLINE_OUTPUT_BYTES = 64 * 1024
 #: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
 MAX_POLL_INTERVAL_SEC = 300.0
 
@@ -212,11 +214,13 @@ class _Call:
     async def _poll(self) -> Reply:
         """Long-poll the launcher until it is done; raise if it is lost."""
         plan = self.plan
+        # With want_output, an output up to INLINE_OUTPUT_BYTES comes back in the same reply
+        # (one RPC fewer on the path from the command's end to the caller's wake-up).
         script = wait_script(
             plan,
             wait_sec=self.poll_sec,
-            tail_bytes=DEFAULT_TAIL_BYTES,
-            tail_when="never" if self.want_output else "nonzero",
+            tail_bytes=INLINE_OUTPUT_BYTES if self.want_output else DEFAULT_TAIL_BYTES,
+            tail_when="always" if self.want_output else "nonzero",
         )
         suspicious = 0
         backoff = 0.05
@@ -301,6 +305,8 @@ class _Call:
         self, tail: str, status: int, size: int, *, force_full: bool = False
     ) -> tuple[str, bool]:
         """``(output, truncated)`` per the want_output rules."""
+        if self.want_output and not force_full and size <= INLINE_OUTPUT_BYTES:
+            return tail, False  # the whole output came inline
         if self.want_output or force_full:
             data = await self.sb.read_file(self.plan.out_path, user=self.plan.user)
             return data.decode("utf-8", errors="replace"), False
@@ -317,7 +323,8 @@ class _Call:
         """
         if not self.touched:
             return None if self.kill_error else Reply(state="gone", fields=("0",), tail="")
-        script = kill_script(self.plan, remove=not keep_files, tail_bytes=DEFAULT_TAIL_BYTES)
+        tail_bytes = INLINE_OUTPUT_BYTES if self.want_output else DEFAULT_TAIL_BYTES
+        script = kill_script(self.plan, remove=not keep_files, tail_bytes=tail_bytes)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + KILL_TIMEOUT_SEC):
             try:
                 result = await self.sb.exec(
