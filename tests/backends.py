@@ -20,6 +20,24 @@ async def open_local_backend(tmp_path: Path) -> AsyncIterator[Backend]:
     yield LocalBackend()
 
 
+@asynccontextmanager
+async def open_e2b_backend(tmp_path: Path) -> AsyncIterator[Backend]:
+    """E2BBackend over h2c against trio_swe.testing's envd server (real local sandboxes).
+
+    The server runs in a thread of its own (so it serves hypothesis examples, which run in
+    trio runs of their own too); the template ``str(tmp_path / "image")`` (the suites' image
+    directory) boots that directory.
+    """
+    from .e2b.helpers import e2b_backend_for, open_server_in_thread
+
+    image = str(tmp_path / "image")
+    async with open_server_in_thread(templates={image: image, "base": image}) as threaded:
+        async with e2b_backend_for(threaded.server) as backend:
+            yield backend
+        assert await threaded.live_sandbox_ids() == [], "E2BBackend leaked a sandbox"
+
+
 BACKENDS: dict[str, Callable[[Path], AbstractAsyncContextManager[Backend]]] = {
     "local": open_local_backend,
+    "e2b": open_e2b_backend,
 }

@@ -18,7 +18,7 @@ from trio_swe import (
 from trio_swe.sandbox.e2b import E2BBackend
 from trio_swe.testing import EnvdServer, Fault, FaultPlan
 
-from .conftest import e2b_backend_for, open_server_and_backend
+from .helpers import e2b_backend_for, open_server_and_backend
 
 Pair = tuple[EnvdServer, E2BBackend]
 

@@ -149,8 +149,13 @@ class EnvdClient:
         headers: Mapping[str, str] | None = None,
         idempotent: bool,
         ok: tuple[int, ...] = (200,),
+        shield: bool = False,
     ) -> httpx.Response:
         """One plain HTTP request (files, health, unary RPCs) with retries; body read.
+
+        ``shield``: an attempt, once sent, runs to its answer (bounded by ``request_timeout``)
+        even if the caller is cancelled, so a cancelled mutation cannot land after the caller
+        cleaned up. Cancellation takes effect between attempts.
 
         Raises:
             ConnectError: a status outside ``ok`` (after retries when transient).
@@ -163,7 +168,9 @@ class EnvdClient:
                     got: httpx.Response | None = None
                     # A cancel scope, not httpx's read timeout: on HTTP/2 the other streams of
                     # the connection keep the socket busy, so a hung request never times out.
-                    with trio.move_on_after(self.request_timeout):
+                    with trio.CancelScope(
+                        shield=shield, deadline=trio.current_time() + self.request_timeout
+                    ):
                         got = await client.request(
                             method,
                             path,
@@ -216,8 +223,13 @@ class EnvdClient:
         *,
         user: str | None = None,
         timeout_ms: int | None = None,
+        shield: bool = False,
     ) -> AsyncIterator[EventStream]:
         """Open one ``process.Process/<method>`` server stream (one attempt, no retry).
+
+        ``shield``: sending the request and waiting for the response headers is not
+        interrupted by cancellation (bounded by the idle timeout), so a caller that is
+        cancelled knows whether its ``Start`` reached envd.
 
         Failures raised inside the block carry our HTTP/2 stream id (for the GOAWAY rule) and
         retire the connection when the retry table says so.
@@ -244,7 +256,9 @@ class EnvdClient:
                 )
                 sent: httpx.Response | None = None
                 # The idle watchdog also bounds the wait for response headers.
-                with trio.move_on_after(self.idle_timeout):
+                with trio.CancelScope(
+                    shield=shield, deadline=trio.current_time() + self.idle_timeout
+                ):
                     sent = await client.send(request, stream=True)
                 if sent is None:
                     raise StreamIdleTimeout("no response headers")
@@ -311,6 +325,7 @@ class EnvdClient:
                 "authorization": basic_user(user),
             },
             idempotent=True,
+            shield=True,
         )
 
     async def read_file(self, path: str, *, user: str) -> bytes:

@@ -189,6 +189,12 @@ class E2BSandbox:
                 end = await self._drive(start, tag, user, timeout_ms, out, run, idempotent)
             except _Deadline:
                 timed_out = True
+            except BaseException as exc:
+                # Cancelled from outside (or failed oddly): envd does not kill a process whose
+                # stream goes away, so kill it by tag before letting go.
+                if not isinstance(exc, SandboxError):
+                    await self._kill_tag(tag)
+                raise
         elapsed = trio.current_time() - t0
         if end is None and not timed_out:
             timed_out = True  # our backstop fired
@@ -251,8 +257,19 @@ class E2BSandbox:
                     method = "Connect"
                     msg = _wire.ConnectRequest(process=_wire.ProcessSelector(tag=tag))
                     tmo = None  # a deadline on Connect would not kill anything; ours suffices
-                async with self._envd.open_stream(method, msg, user=user, timeout_ms=tmo) as s:
-                    while (ev := await s.next_event()) is not None:
+                starting = mode == "start"
+                async with self._envd.open_stream(
+                    method, msg, user=user, timeout_ms=tmo, shield=starting
+                ) as s:
+                    if starting:
+                        # Until envd says "started" (or the stream fails), cancellation waits:
+                        # then the caller's kill-by-tag finds the process. Bounded by the
+                        # stream's idle watchdog.
+                        with trio.CancelScope(shield=True):
+                            ev = await s.next_event()
+                    else:
+                        ev = await s.next_event()
+                    while ev is not None:
                         if ev.data is not None:
                             out.add(ev.data.stdout or ev.data.stderr or ev.data.pty or b"")
                         elif ev.start is not None:
@@ -262,6 +279,7 @@ class E2BSandbox:
                             mode = "attach"
                         elif ev.end is not None:
                             run.end = ev.end
+                        ev = await s.next_event()
                 if run.end is None:
                     raise _connect.ProtocolError("stream ended without an end event")
                 return run.end
