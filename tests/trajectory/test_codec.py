@@ -151,6 +151,15 @@ def test_write_is_atomic_and_cleans_up(tmp_path: Path) -> None:
         write_samples(path, failing())
     assert path.read_bytes() == before  # the old file is untouched
     assert os.listdir(tmp_path) == ["s.bin"]  # and no temporary file is left
+    with pytest.raises(TypeError):
+        write_samples(path, [make(6), "not a sample"])  # type: ignore[list-item]
+    unencodable = Sample.from_lists(
+        tokens=[1], loss_mask=[], rollout_log_probs=[], metadata={"x": object()}
+    )
+    with pytest.raises(TypeError):
+        write_samples(path, [unencodable])
+    assert path.read_bytes() == before
+    assert os.listdir(tmp_path) == ["s.bin"]
     with pytest.raises(FileNotFoundError):
         write_samples(tmp_path / "missing" / "s.bin", [make(5)])
 

@@ -53,32 +53,39 @@ def _pad_at(offset: int, key_size: int, nbytes: int) -> tuple[bytes, int]:
     return _PADS[k], offset + head + k + nbytes
 
 
-def encode_sample(sample: Sample) -> bytes:
-    """``sample`` as msgpack; its buffers are written as ``bin`` (one memcpy each).
-
-    The int32 and float32 data start at multiples of 4 from the start of the message.
-    """
-    _check_host()
+def _wire(sample: Sample) -> dict[str, Any]:
+    """The map msgpack writes for ``sample``, with its alignment pads."""
     if not isinstance(sample, Sample):
-        raise TypeError(f"encode_sample takes a Sample, not {type(sample).__name__}")
+        raise TypeError(f"expected a Sample, not {type(sample).__name__}")
     tokens, lp = sample.tokens, sample.rollout_log_probs
     # Sizes are known in advance: the fixmap header is 1 byte, the keys "tokens" 7 and
     # "rollout_log_probs" 18 (fixstr).
     pad0, end = _pad_at(1, 7, tokens.nbytes)
     pad1, _ = _pad_at(end, 18, lp.nbytes)
-    return _encoder.encode(
-        {
-            "_0": pad0,
-            "tokens": tokens,
-            "_1": pad1,
-            "rollout_log_probs": lp,
-            "loss_mask": sample.loss_mask,
-            "response_length": sample.response_length,
-            "reward": sample.reward,
-            "status": sample.status,
-            "metadata": sample.metadata,
-        }
-    )
+    return {
+        "_0": pad0,
+        "tokens": tokens,
+        "_1": pad1,
+        "rollout_log_probs": lp,
+        "loss_mask": sample.loss_mask,
+        "response_length": sample.response_length,
+        "reward": sample.reward,
+        "status": sample.status,
+        "metadata": sample.metadata,
+    }
+
+
+def encode_sample(sample: Sample) -> bytes:
+    """``sample`` as msgpack; its buffers are written as ``bin`` (one memcpy each).
+
+    The int32 and float32 data start at multiples of 4 from the start of the message.
+
+    Raises:
+        TypeError: ``sample`` is not a Sample, or its metadata holds a value msgspec cannot
+            encode.
+    """
+    _check_host()
+    return _encoder.encode(_wire(sample))
 
 
 def decode_sample(data: bytes | bytearray | memoryview) -> Sample:
@@ -171,13 +178,14 @@ def write_samples(path: str | os.PathLike[str], samples: Iterable[Sample]) -> in
     directory = os.path.dirname(path) or "."
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
     count = 0
+    buf = bytearray()  # reused: each record is encoded in place after its length prefix
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(FILE_MAGIC)
             for sample in samples:
-                data = encode_sample(sample)
-                f.write(_LENGTH.pack(len(data)))
-                f.write(data)
+                _encoder.encode_into(_wire(sample), buf, _LENGTH.size)
+                _LENGTH.pack_into(buf, 0, len(buf) - _LENGTH.size)
+                f.write(buf)
                 count += 1
         os.replace(tmp, path)
     except BaseException:
