@@ -356,7 +356,9 @@ async def test_sandbox_killed_mid_stream_ends_it_as_not_found(
     assert out.end_stream.error.message == "The sandbox was not found"
 
 
-@pytest.mark.parametrize("path", ["/process.Process/Update", "/filesystem.Filesystem/Stat"])
+@pytest.mark.parametrize(
+    "path", ["/process.Process/Update", "/filesystem.Filesystem/CreateWatcher"]
+)
 async def test_unimplemented_rpcs_say_so(
     server: EnvdServer, client: httpx.AsyncClient, path: str
 ) -> None:

@@ -201,3 +201,41 @@ async def test_sdk_sees_503_with_retry_after_as_a_typed_error() -> None:
         assert issubclass(first, e2b.RateLimitException)
         assert second == "second\n"
         assert server.statistics()["faults_injected"] == {"status": 1}
+
+
+async def test_sdk_filesystem_calls(server: EnvdServer) -> None:
+    def scenario() -> dict[str, Any]:
+        sb = e2b.Sandbox.create(timeout=60, **params(server))
+        out: dict[str, Any] = {}
+        out["mkdir"] = sb.files.make_dir("/tmp/fs/sub")
+        out["mkdir_again"] = sb.files.make_dir("/tmp/fs/sub")
+        sb.files.write("/tmp/fs/sub/a.txt", "abc")
+        sb.files.write("/tmp/fs/b.txt", "b")
+        out["exists"] = (sb.files.exists("/tmp/fs/b.txt"), sb.files.exists("/tmp/fs/nope"))
+        info = sb.files.get_info("/tmp/fs/sub/a.txt")
+        out["info"] = (info.name, info.type, info.size, info.owner)
+        out["list1"] = sorted(e.name for e in sb.files.list("/tmp/fs"))
+        out["list2"] = sorted(e.path for e in sb.files.list("/tmp/fs", depth=2))
+        moved = sb.files.rename("/tmp/fs/b.txt", "/tmp/fs/c.txt")
+        out["moved"] = (moved.path, sb.files.read("/tmp/fs/c.txt"))
+        sb.files.remove("/tmp/fs/sub")
+        out["after_remove"] = sb.files.exists("/tmp/fs/sub")
+        try:
+            sb.files.get_info("/tmp/fs/sub/a.txt")
+        except e2b.FileNotFoundException:
+            out["gone"] = True
+        out["user_home"] = sb.files.list(".", user="user") == []
+        sb.kill()
+        return out
+
+    out = await in_thread(scenario)
+    assert out["mkdir"] is True
+    assert out["mkdir_again"] is False
+    assert out["exists"] == (True, False)
+    assert out["info"] == ("a.txt", e2b.FileType.FILE, 3, "root")
+    assert out["list1"] == ["b.txt", "sub"]
+    assert out["list2"] == ["/tmp/fs/b.txt", "/tmp/fs/sub", "/tmp/fs/sub/a.txt"]
+    assert out["moved"] == ("/tmp/fs/c.txt", "b")
+    assert out["after_remove"] is False
+    assert out["gone"] is True
+    assert out["user_home"] is True

@@ -19,6 +19,7 @@ import posixpath
 import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from functools import partial
 from typing import Any, Final
 
 import msgspec
@@ -29,6 +30,7 @@ from ...sandbox.e2b import _connect as connect
 from ...sandbox.e2b import _wire as wire
 from ._asgi import ClientGone, Receive, Request, Scope, Send
 from ._faults import APP_KINDS, FRAME_KINDS, Fault, FaultPlan
+from ._fs import PATH_FIELDS, FsError, fs_call
 from ._multipart import MultipartError, boundary_of, parse_multipart
 from ._processes import ProcessRecord, send_signal
 from ._registry import SandboxEntry, SandboxRegistry
@@ -488,13 +490,15 @@ class EnvdApp:
         if service == "process.Process" and method in ("Start", "Connect"):
             await self._stream_rpc(req, entry, method, fault)
             return
-        handlers: dict[str, Callable[[SandboxEntry, bytes], Awaitable[msgspec.Struct]]] = {
+        handlers: dict[str, Callable[[SandboxEntry, bytes], Awaitable[msgspec.Struct | bytes]]] = {
             "List": self._list,
             "SendSignal": self._send_signal,
             "SendInput": self._send_input,
             "CloseStdin": self._close_stdin,
         }
         handler = handlers.get(method) if service == "process.Process" else None
+        if service == "filesystem.Filesystem" and method in PATH_FIELDS:
+            handler = partial(self._filesystem, method, self._user(req))
 
         async def unary(r: Request) -> None:
             body = await r.body()
@@ -506,13 +510,17 @@ class EnvdApp:
                 return
             try:
                 result = await handler(entry, body)
+            except FsError as err:
+                await self._rpc_error(r, _RpcError(err.code, err.message))
+                return
             except _RpcError as err:
                 await self._rpc_error(r, err)
                 return
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 await self._rpc_error(r, _RpcError("invalid_argument", str(exc)))
                 return
-            await r.respond(200, wire.encode(result), [("content-type", "application/json")])
+            payload = result if isinstance(result, bytes) else wire.encode(result)
+            await r.respond(200, payload, [("content-type", "application/json")])
 
         await self._unary_with_fault(req, fault, unary)
 
@@ -529,6 +537,23 @@ class EnvdApp:
             what = f"pid {sel.pid}" if sel.pid is not None else f"tag {sel.tag!r}"
             raise _RpcError("not_found", f"process with {what} not found")
         return record
+
+    async def _filesystem(
+        self, method: str, user: str, entry: SandboxEntry, body: bytes
+    ) -> msgspec.Struct | bytes:
+        args = msgspec.json.decode(body or b"{}")
+        if not isinstance(args, dict):
+            raise _RpcError("invalid_argument", "the request must be a JSON object")
+        for field in PATH_FIELDS[method]:
+            value = args.get(field)
+            if not isinstance(value, str) or not value:
+                raise _RpcError("invalid_argument", f"{field} is required")
+            args[field] = self._abs_path(value, user)
+        try:
+            result = await fs_call(entry.host, method, args, user=user, env=entry.env)
+        except (InvalidArgumentError, SandboxError, OSError) as exc:
+            raise _RpcError("internal", str(exc)) from None
+        return msgspec.json.encode(result)
 
     async def _list(self, entry: SandboxEntry, body: bytes) -> msgspec.Struct:
         return wire.ListResponse(processes=[r.info() for r in entry.processes.running()])
