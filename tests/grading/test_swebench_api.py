@@ -168,3 +168,12 @@ def test_no_graded_tests_is_flagged() -> None:
     # F2P = P2P = [] is vacuously RESOLVED_FULL for any patch: refused before an episode.
     md = get_metadata(_v5_row(FAIL_TO_PASS=[], PASS_TO_PASS=[]), "swebench")
     assert evaluability_check(md) == "no_graded_tests"
+
+
+def test_unknown_log_parser_is_flagged() -> None:
+    md = get_metadata(_v5_row(log_parser="parse_log_nonexistent"), "swebench")
+    reason = evaluability_check(md)
+    if _major() >= 5:
+        assert (reason or "").startswith("unknown_log_parser")
+    else:
+        assert reason is None  # 4.x picks the parser by repo and ignores the row's name

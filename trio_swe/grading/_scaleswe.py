@@ -114,11 +114,21 @@ class ScaleSweProtocol:
                 )
             graded_files = g.swepro.selected_test_files if g.swepro is not None else ()
             with phases.phase("apply"):
-                await _save_files(sb, md.workdir, graded_files)
+                saved = await _save_files(sb, md.workdir, graded_files)
                 outcome = await apply_patch(sb, md, patch)
-                if outcome.applied:
-                    # The patch must not change the graded tests.
-                    await _restore_files(sb, md.workdir, graded_files)
+                # The patch must not change the graded tests.
+                if saved is None and outcome.applied:
+                    saved = await _restore_files(sb, md.workdir, graded_files)
+            if saved is not None:
+                return make_result(
+                    md,
+                    phases,
+                    reason=R.SETUP_FAILED,
+                    grader=grader,
+                    infra=True,
+                    detail="could not save/restore the graded test files",
+                    log=saved,
+                )
             if not outcome.applied:
                 return make_result(
                     md,
@@ -196,27 +206,30 @@ async def _setup(
     return None
 
 
-async def _save_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> None:
+async def _save_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> str | None:
+    """Archive the graded test files (missing ones are skipped); the error output on failure."""
     if not files:
-        return
+        return None
     quoted = " ".join(shlex.quote(f) for f in files)
-    await sb.exec(
-        f"cd {shlex.quote(workdir)} && tar -cf {EVAL_DIR}/graded.tar --ignore-failed-read -- {quoted}"
-        " 2>/dev/null; true",
+    r = await sb.exec(
+        f"cd {shlex.quote(workdir)} && tar -cf {EVAL_DIR}/graded.tar --ignore-failed-read -- {quoted}",
         user="root",
         timeout=APPLY_TIMEOUT_SEC,
     )
+    return None if r.ok else r.output or f"tar exited with {r.exit_code}"
 
 
-async def _restore_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> None:
+async def _restore_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> str | None:
+    """Put the archived graded test files back (and drop ones the patch created)."""
     if not files:
-        return
+        return None
     quoted = " ".join(shlex.quote(f) for f in files)
-    await sb.exec(
+    r = await sb.exec(
         f"cd {shlex.quote(workdir)} && rm -rf -- {quoted} && tar -xf {EVAL_DIR}/graded.tar",
         user="root",
         timeout=APPLY_TIMEOUT_SEC,
     )
+    return None if r.ok else r.output or f"tar exited with {r.exit_code}"
 
 
 async def _grade_exit_code(

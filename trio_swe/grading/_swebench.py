@@ -108,9 +108,23 @@ class SweBenchProtocol:
                 exit_code=run.exit_code,
             )
         with phases.phase("parse"):
-            grade = await trio.to_thread.run_sync(
-                _swebench_api.grade_log, spec, md.instance_id, patch, log
-            )
+            try:
+                grade = await trio.to_thread.run_sync(
+                    _swebench_api.grade_log, spec, md.instance_id, patch, log
+                )
+            except (
+                Exception
+            ) as exc:  # a swebench parser crashing on this log: not the patch's fault
+                return make_result(
+                    md,
+                    phases,
+                    reason=R.LOG_UNGRADABLE,
+                    rung=outcome.rung,
+                    grader="swebench",
+                    infra=True,
+                    detail=f"swebench's grading raised {type(exc).__name__}: {exc}",
+                    log=log,
+                )
         common: dict[str, Any] = {
             "rung": outcome.rung,
             "grader": "swebench",

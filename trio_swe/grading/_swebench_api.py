@@ -46,6 +46,7 @@ class _Api:
     get_eval_report: Any
     get_logs_eval: Any
     make_test_spec: Any
+    parsers: Any = None  # 5.x: PARSER_REGISTRY (name -> parser)
     # 4.x only
     test_spec_cls: Any = None
     make_eval_script_list: Any = None
@@ -69,12 +70,14 @@ def _load() -> _Api:
         ts4 = importlib.import_module("swebench.harness.test_spec.test_spec")
     except ModuleNotFoundError:
         utils5 = importlib.import_module("swebench.harness.utils")
+        parsers5 = importlib.import_module("swebench.harness.log_parsers")
         return _Api(
             version=version,
             major=5,
             get_eval_report=grading.get_eval_report,
             get_logs_eval=grading.get_logs_eval,
             make_test_spec=utils5.make_test_spec,
+            parsers=parsers5.PARSER_REGISTRY,
         )
     scripts = importlib.import_module("swebench.harness.test_spec.create_scripts")
     constants = importlib.import_module("swebench.harness.constants")
@@ -129,6 +132,10 @@ def build_test_spec(md: InstanceMetadata) -> Any:
                 "classic_row_needs_swebench_4",
                 f"swebench {api.version} builds no eval script from repo+version; install "
                 "'swebench>=4.1,<5' or use rows carrying eval_script/log_parser/eval_type",
+            )
+        if g.log_parser not in api.parsers:
+            raise SpecBuildError(
+                "unknown_log_parser", f"swebench {api.version} has no parser {g.log_parser!r}"
             )
         try:
             return api.make_test_spec(inst)
