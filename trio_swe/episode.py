@@ -74,6 +74,8 @@ _EXCLUDES = (PROBLEM_STATEMENT_FILE, HARNESS_DIR)
 #: Grace on top of the agent's own budget before the episode cancels an agent that overran it.
 AGENT_GRACE_SEC = 30.0
 _SHORT_TIMEOUT_SEC = 120.0
+#: Problem statements up to this size travel inside the setup command (one spawn fewer).
+_INLINE_STATEMENT_MAX = 64 * 1024
 
 
 class PhaseTimings(msgspec.Struct, kw_only=True):
@@ -266,31 +268,33 @@ async def _prepare_workspace(
                 f"pre-commands failed (exit {result.exit_code}, {result.reason}): "
                 f"{result.output[-500:]}",
             )
-    # A workdir that is not a git repository gets one, so the patch has a base.
-    base = await sb.exec(
-        f"cd {wd} && (git rev-parse -q --verify HEAD || (git init -q && git add -A && "
-        "git -c user.name=trio-swe -c user.email=trio-swe@localhost commit -q "
-        "--allow-empty -m base && git rev-parse HEAD))",
-        user="root",
-        timeout=_SHORT_TIMEOUT_SEC,
-    )
-    commit = base.output.strip().splitlines()[-1] if base.ok and base.output.strip() else ""
-    if not commit:
-        raise _Abort("setup_failed", f"cannot record the base commit: {base.output[-300:]}")
+    # One command: give a non-git workdir a repository (so the patch has a base), keep the
+    # harness's files out of git, write the problem statement, hand the tree to the agent, and
+    # print the base commit last. Each exec is a process spawn, so they are batched.
+    statement_path = f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}"
+    inline = len(md.problem_statement.encode()) <= _INLINE_STATEMENT_MAX
     excludes = "".join(f"/{name}\n" for name in _EXCLUDES)
-    chown = f" && chown -R {shlex.quote(agent_user)}: {wd}" if agent_user != "root" else ""
-    prep = await sb.exec(
-        f"cd {wd} && printf %s {shlex.quote(excludes)} >> .git/info/exclude{chown}",
-        user="root",
-        timeout=_SHORT_TIMEOUT_SEC,
-    )
-    if not prep.ok:
+    steps = [
+        f"cd {wd}",
+        "(git rev-parse -q --verify HEAD >/dev/null || (git init -q && git add -A && "
+        "git -c user.name=trio-swe -c user.email=trio-swe@localhost commit -q "
+        "--allow-empty -m base))",
+        f"printf %s {shlex.quote(excludes)} >> .git/info/exclude",
+    ]
+    if inline:
+        steps.append(
+            f"printf %s {shlex.quote(md.problem_statement)} > {shlex.quote(statement_path)}"
+        )
+    if agent_user != "root":
+        steps.append(f"chown -R {shlex.quote(agent_user)}: .")
+    steps.append("git rev-parse HEAD")
+    prep = await sb.exec(" && ".join(steps), user="root", timeout=_SHORT_TIMEOUT_SEC)
+    lines = prep.output.strip().splitlines()
+    commit = lines[-1].strip() if prep.ok and lines else ""
+    if len(commit) < 40 or not all(c in "0123456789abcdef" for c in commit):
         raise _Abort("setup_failed", f"workspace preparation failed: {prep.output[-300:]}")
-    await sb.write_file(
-        f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
-        md.problem_statement,
-        user=agent_user,
-    )
+    if not inline:
+        await sb.write_file(statement_path, md.problem_statement, user=agent_user)
     return commit
 
 
@@ -301,18 +305,24 @@ async def take_patch(sb: Sandbox, workdir: str, base_commit: str, *, agent_user:
     Harness files (the problem statement, ``.harness/``) are excluded.
     """
     wd = shlex.quote(workdir)
-    out = f"/tmp/trio_swe-patch-{uuid.uuid4().hex[:12]}.diff"
+    token = uuid.uuid4().hex[:12]
+    out = f"/tmp/trio_swe-patch-{token}.diff"
+    err = f"/tmp/trio_swe-patch-{token}.err"  # stderr must not mix into the patch
     excludes = " ".join(shlex.quote(f":(exclude){name}") for name in _EXCLUDES)
     kill = f"pkill -KILL -u {shlex.quote(agent_user)} 2>/dev/null; " if agent_user != "root" else ""
+    # The diff goes to a file and to stdout: a short one arrives with the exec's output, a long
+    # one (the exec's output is capped) is read back from the file.
     result = await sb.exec(
-        f"{kill}cd {wd} && git add -N . && "
+        f"{kill}cd {wd} && git add -N . 2>{err} && "
         f"git diff --binary --no-color --no-ext-diff {shlex.quote(base_commit)} -- . {excludes} "
-        f"> {shlex.quote(out)}",
+        f"> {shlex.quote(out)} 2>{err} && cat {shlex.quote(out)} || {{ cat {err}; exit 1; }}",
         user="root",
         timeout=_SHORT_TIMEOUT_SEC,
     )
     if not result.ok:
         raise _Abort("patch_failed", f"git diff failed (exit {result.exit_code}): {result.output}")
+    if not result.output_truncated:
+        return result.output
     data = await sb.read_file(out)
     return data.decode("utf-8", errors="replace")
 
