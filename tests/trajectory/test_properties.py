@@ -52,7 +52,7 @@ def sampled_as(sample: Sample, i: int, turns: list[TurnRecord]) -> list[tuple[Tu
     return found
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns=chains(), policy=policies, limit=limits)
 def test_builder_invariants(
     turns: list[TurnRecord], policy: dict[str, object], limit: int | None
@@ -93,7 +93,7 @@ def test_builder_invariants(
                 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns=chains(), policy=policies)
 def test_builder_matches_reference(turns: list[TurnRecord], policy: dict[str, object]) -> None:
     """Differential test against a plain-list reimplementation of the rules."""
@@ -116,7 +116,7 @@ def test_builder_matches_reference(turns: list[TurnRecord], policy: dict[str, ob
         assert s.status == ("truncated" if r.finish_reason == "length" else "completed")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns=chains(), policy=policies)
 def test_nothing_lost_without_realign_or_limit(
     turns: list[TurnRecord], policy: dict[str, object]
@@ -133,7 +133,7 @@ def test_nothing_lost_without_realign_or_limit(
     assert sum(s.num_trained_tokens() for s in out) == trainable
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(turns=chains(), policy=policies, limit=st.integers(min_value=0, max_value=40))
 def test_truncation_is_prefix_of_untruncated(
     turns: list[TurnRecord], policy: dict[str, object], limit: int
@@ -166,7 +166,7 @@ def assert_prefix(c: Sample, f: Sample, limit: int) -> None:
         assert c.status == ("aborted" if rl == 0 or f.status == "aborted" else "truncated")
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(sample=samples(finite=False), limit=st.integers(min_value=0, max_value=45))
 def test_truncate_any_sample(sample: Sample, limit: int) -> None:
     cut = truncate(sample, limit)
@@ -179,7 +179,7 @@ def test_truncate_any_sample(sample: Sample, limit: int) -> None:
     assert truncate(cut, limit) is cut
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(sample=samples(finite=False))
 def test_msgpack_roundtrip(sample: Sample) -> None:
     data = encode_sample(sample)
@@ -196,7 +196,7 @@ def test_msgpack_roundtrip(sample: Sample) -> None:
         assert arr.flags.aligned
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(sample=samples())
 def test_json_and_slime_roundtrip(sample: Sample) -> None:
     assert decode_sample_json(encode_sample_json(sample)) == sample

@@ -42,11 +42,26 @@ def test_turn_from_lists_holds_typed_read_only_views() -> None:
     assert t.ill_formed is False
 
 
-def test_turn_accepts_buffers_and_shares_int32_memory() -> None:
+def test_turn_accepts_buffers_copies_writable_ones_shares_read_only_ones() -> None:
     prompt = np.arange(5, dtype=np.int32)
     out = array.array("i", [7, 8])
-    t = TurnRecord(prompt_ids=prompt, output_ids=out, output_log_probs=np.zeros(2, np.float32))  # type: ignore[arg-type]
-    assert np.shares_memory(np.frombuffer(t.prompt_ids, dtype=np.int32), prompt)
+    lps = np.zeros(2, np.float32)
+    t = TurnRecord(prompt_ids=prompt, output_ids=out, output_log_probs=lps)  # type: ignore[arg-type]
+    # Writable sources are copied: writing to them later does not change the record, and an
+    # array.array stays resizable.
+    prompt[0] = 99
+    lps[0] = -5.0
+    out.append(9)
+    assert t.prompt_ids_list() == [0, 1, 2, 3, 4]
+    assert t.output_ids_list() == [7, 8]
+    assert t.output_log_probs_list() == [0.0, 0.0]
+    # Read-only sources are shared.
+    frozen = np.arange(4, dtype=np.int32)
+    frozen.flags.writeable = False
+    t2 = TurnRecord.from_lists(prompt_ids=frozen, output_ids=[])
+    assert np.shares_memory(np.frombuffer(t2.prompt_ids, dtype=np.int32), frozen)
+    raw = bytes(8)
+    assert TurnRecord(prompt_ids=raw, output_ids=b"").prompt_ids.obj is raw  # type: ignore[arg-type]
     # Other widths are converted (a copy), values kept.
     t64 = TurnRecord.from_lists(
         prompt_ids=np.arange(3, dtype=np.int64),
@@ -122,8 +137,15 @@ def test_sample_from_lists() -> None:
     assert (s.tokens.format, s.loss_mask.format, s.rollout_log_probs.format) == ("i", "B", "f")
 
 
-def test_sample_mask_from_numpy_bool() -> None:
-    s = sample(loss_mask=np.array([True, False, True]))
+def test_sample_mask_from_numpy_bool_and_writable_buffers() -> None:
+    mask = np.array([True, False, True])
+    s = sample(loss_mask=mask)
+    assert s.loss_mask_list() == [1, 0, 1]
+    mask[1] = True
+    assert s.loss_mask_list() == [1, 0, 1]
+    ba = bytearray(b"\x01\x00\x01")
+    s = sample(loss_mask=ba)
+    ba[1] = 1
     assert s.loss_mask_list() == [1, 0, 1]
 
 

@@ -68,8 +68,17 @@ def _flat(mv: memoryview, name: str) -> memoryview:
     return mv
 
 
+def _raw(mv: memoryview) -> memoryview:
+    """The bytes of a contiguous view, read-only: shared if ``mv`` is read-only, else copied
+    (a record must not change when the caller later writes to its array)."""
+    return mv.cast("B") if mv.readonly else memoryview(mv.tobytes())
+
+
 def as_int32(value: object, name: str) -> memoryview:
-    """``value`` as a read-only int32 view; copies only if its layout is not already int32.
+    """``value`` as a read-only int32 view.
+
+    Read-only int32 buffers (``bytes``, our own views) are shared; writable ones (numpy arrays,
+    ``array.array``) are copied with one memcpy; other layouts are converted.
 
     Raises:
         InvalidArgumentError: ``value`` is not a flat sequence of int32-representable integers,
@@ -85,9 +94,9 @@ def as_int32(value: object, name: str) -> memoryview:
     if mv.c_contiguous and fmt in _BYTE_FORMATS:
         if mv.nbytes % 4:
             raise InvalidArgumentError(f"{name}: {mv.nbytes} bytes is not a whole number of int32")
-        return mv.cast("B").cast("i").toreadonly()
+        return _raw(mv).cast("i").toreadonly()
     if mv.c_contiguous and fmt in _INT32_FORMATS and mv.itemsize == 4:
-        return mv.cast("B").cast("i").toreadonly()
+        return _raw(mv).cast("i").toreadonly()
     if fmt.lstrip("@=<>!") in ("b", "B", "h", "H", "i", "I", "l", "L", "q", "Q", "n", "N"):
         # Other integer widths (numpy int64 is the usual one): convert element by element.
         return _from_iterable(mv.tolist(), "i", name)
@@ -95,7 +104,7 @@ def as_int32(value: object, name: str) -> memoryview:
 
 
 def as_float32(value: object, name: str) -> memoryview:
-    """``value`` as a read-only float32 view; copies only if its layout is not already float32.
+    """``value`` as a read-only float32 view (shared, copied or converted as in :func:`as_int32`).
 
     Raises:
         InvalidArgumentError: ``value`` is not a flat sequence of numbers, or raw bytes whose
@@ -113,16 +122,17 @@ def as_float32(value: object, name: str) -> memoryview:
             raise InvalidArgumentError(
                 f"{name}: {mv.nbytes} bytes is not a whole number of float32"
             )
-        return float_view(mv.cast("B").cast("f").toreadonly())
+        return float_view(_raw(mv).cast("f").toreadonly())
     if mv.c_contiguous and fmt in _FLOAT32_FORMATS:
-        return float_view(mv.cast("B").cast("f").toreadonly())
+        return float_view(_raw(mv).cast("f").toreadonly())
     if fmt.lstrip("@=<>!") in ("e", "f", "d"):
         return _from_iterable(mv.tolist(), "f", name)
     raise InvalidArgumentError(f"{name} must hold floats, got a buffer of format {fmt!r}")
 
 
 def as_mask(value: object, name: str) -> memoryview:
-    """``value`` as a read-only uint8 view whose every element is 0 or 1.
+    """``value`` as a read-only uint8 view whose every element is 0 or 1 (shared, copied or
+    converted as in :func:`as_int32`).
 
     Raises:
         InvalidArgumentError: ``value`` is not flat, or holds a value other than 0 and 1.
@@ -133,13 +143,14 @@ def as_mask(value: object, name: str) -> memoryview:
     elif not (mv.c_contiguous and mv.itemsize == 1 and mv.format in _MASK_FORMATS):
         _flat(mv, name)
         mv = _from_iterable(mv.tolist(), "B", name)
-    elif mv.format != "B" or not mv.readonly:
-        mv = _flat(mv, name).cast("B").toreadonly()
+    raw = mv.tobytes()
     # One C pass: delete every 0 and 1; anything left is invalid. (Faster than two counts.)
-    rest = mv.tobytes().translate(None, b"\x00\x01")
+    rest = raw.translate(None, b"\x00\x01")
     if rest:
         raise InvalidArgumentError(f"{name} must hold only 0 and 1, found {rest[0]}")
-    return mv
+    if mv.format == "B" and mv.readonly:
+        return mv
+    return memoryview(raw)  # the copy made for the check: owned, immutable
 
 
 def common_prefix_bytes(held: bytes | bytearray, other: memoryview) -> int:
