@@ -128,3 +128,32 @@ def test_asyncio_timeout_cancels_the_trio_task_and_waits_for_its_cleanup() -> No
         assert cleaned == ["done"]
 
     asyncio.run(main())
+
+
+def test_asyncio_iterates_a_rollout_and_stops_early(tmp_path: Path) -> None:
+    demo, mds, backend = build_demo(tmp_path)
+    fast = [md for md in mds if md.instance_id not in demo.timeouts][:4]
+
+    async def main() -> list[EpisodeResult]:
+        url: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        server = asyncio.ensure_future(aio.run(_serve_policy, demo, url))
+        agent = BashAgent(SGLangPolicy(await url), ByteTokenizer())
+        got = []
+        stream = aio.run_rollouts(
+            fast, agent, backend=backend, config=demo_config(), concurrency=2, network=False
+        )
+        async for result in stream:
+            got.append(result)
+            if len(got) == 2:
+                break
+        await stream.aclose()  # the two episodes still running are cancelled
+        server.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await server
+        return got
+
+    got = asyncio.run(main())
+    assert len(got) == 2
+    for result in got:
+        assert result.reward == demo.expected_rewards[result.instance_id]
+    assert_nothing_left(tmp_path, backend)

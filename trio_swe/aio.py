@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
 from typing import Any, TypeVar
 
 import outcome
@@ -241,7 +241,7 @@ async def run_rollouts(
     concurrency: int = 4,
     sampling_params: Mapping[str, Any] | None = None,
     **kwargs: Any,
-) -> AsyncIterator[EpisodeResult]:
+) -> AsyncGenerator[EpisodeResult, None]:
     """:func:`trio_swe.run_rollouts` as an asyncio async generator of results.
 
     Closing the generator early (``break`` out of ``async for``, or cancelling the consumer)
