@@ -379,3 +379,58 @@ def _marker_pids(marker: str) -> list[int]:
             except OSError:
                 continue
     return found
+
+
+async def test_a_decided_fault_always_happens_even_after_the_reply(
+    http: httpx.AsyncClient,
+) -> None:
+    # Faults timed after the response would have ended take the place of its end: a stream
+    # loses its end event, a unary call loses its reply although the server did the work.
+    plan = FaultPlan(
+        [
+            Fault(kind="rst", route=START, after_sec=60, code=INTERNAL_ERROR, times=1),
+            Fault(kind="no_end", route=START, after_sec=60, times=1),
+            Fault(kind="rst", route="/process.Process/SendSignal", code=CANCEL, times=1),
+        ]
+    )
+    async with open_envd_server(faults=plan) as server:
+        sbx = await create(http, server)
+        async with h2_session(server) as (client, _):
+            _, quick = await start_on(client, sbx, "echo quick", tag="q1")
+            with trio.fail_after(20):
+                await quick.done.wait()
+            assert quick.reset_code == INTERNAL_ERROR
+            events, ended = events_of(bytes(quick.body))
+            assert b"".join(e.data.stdout or b"" for e in events if e.data) == b"quick\n"
+            assert all(e.end is None for e in events)
+            assert not ended
+
+            _, quiet = await start_on(client, sbx, "true", tag="q2")
+            with trio.fail_after(20):
+                await quiet.done.wait()
+            assert quiet.ended
+            events, ended = events_of(bytes(quiet.body))
+            assert all(e.end is None for e in events)
+            assert not ended
+
+            _, sleeper = await start_on(client, sbx, "sleep 60", tag="victim")
+            await sleeper.first_data.wait()
+            _, signal = await client.request(
+                "POST",
+                "/process.Process/SendSignal",
+                {**sbx.headers(), "content-type": "application/json"},
+                wire.encode(
+                    wire.SendSignalRequest(
+                        process=wire.ProcessSelector(tag="victim"), signal="SIGNAL_SIGKILL"
+                    )
+                ),
+            )
+            with trio.fail_after(20):
+                await signal.done.wait()
+                await sleeper.done.wait()
+            assert signal.reset_code == CANCEL
+            assert signal.body == b""  # the reply was lost...
+            events, _ = events_of(bytes(sleeper.body))
+            ends = [e.end for e in events if e.end is not None]
+            assert [e.status for e in ends] == ["signal: killed"]  # ...but the signal was sent
+        assert server.statistics()["faults_injected"] == {"rst": 2, "no_end": 1}

@@ -63,19 +63,24 @@ class _RpcError(Exception):
 
 
 class FaultHandoff:
-    """Faults the HTTP/2 proxy decided and the app must apply, by id (header ``trio-swe-fault``)."""
+    """Faults the HTTP/2 proxy decided for a request, by id (header ``trio-swe-fault``).
+
+    App-level faults are applied by the app. Frame-level stream faults are applied by the proxy,
+    but come with a trigger: when the process ends before the fault is due, the app sets it and
+    holds the end event back, so the proxy fires the fault in its place.
+    """
 
     def __init__(self) -> None:
         self._next = 0
-        self._pending: dict[str, Fault] = {}
+        self._pending: dict[str, tuple[Fault, trio.Event | None]] = {}
 
-    def put(self, fault: Fault) -> str:
+    def put(self, fault: Fault, trigger: trio.Event | None = None) -> str:
         self._next += 1
         key = str(self._next)
-        self._pending[key] = fault
+        self._pending[key] = (fault, trigger)
         return key
 
-    def take(self, key: str) -> Fault | None:
+    def take(self, key: str) -> tuple[Fault, trio.Event | None] | None:
         return self._pending.pop(key, None)
 
 
@@ -152,7 +157,11 @@ class EnvdApp:
     def _decide(self, req: Request) -> Fault | None:
         marker = req.headers.get(FAULT_HEADER)
         if marker is not None and req.http_version == "2":
-            return None if marker == "-" else self.handoff.take(marker)
+            handed = None if marker == "-" else self.handoff.take(marker)
+            if handed is None:
+                return None
+            req.fault_trigger = handed[1]
+            return handed[0]
         # Not seen by the proxy: HTTP/1.1 approximates frame faults, HTTP/2 without a proxy cannot.
         kinds = _ALL_KINDS if req.http_version.startswith("1") else APP_KINDS
         return self.plan.decide(req.method, req.path, kinds=kinds)
@@ -692,11 +701,17 @@ class EnvdApp:
         keepalive_sec: float,
         fault: Fault | None,
     ) -> None:
-        # Only app-applied stream faults matter here: no_end always, frame kinds over HTTP/1.1.
+        # Stream faults applied here: no_end, and frame kinds over HTTP/1.1. Over HTTP/2 the
+        # proxy applies frame kinds; the app only tells it when the process ended first.
+        trigger = req.fault_trigger
         if fault is not None and fault.kind not in ("no_end", *FRAME_KINDS):
             fault = None
         if fault is not None and fault.kind in FRAME_KINDS and req.http_version == "2":
-            fault = None
+            if trigger is None:
+                fault = None  # HTTP/2 without the proxy: cannot be injected
+            else:
+                await self._proxy_stream_fault(req, record, sub, fault, trigger, keepalive_sec)
+                return
         fault_at = trio.current_time() + fault.after_sec if fault is not None else None
         inf = float("inf")
 
@@ -724,15 +739,21 @@ class EnvdApp:
                 else:
                     await req.write(connect.encode_end_stream(), more=False)
                 return
+            due = fault is not None and (
+                (event is None and fault_at is not None and now >= fault_at)
+                # The process ended first: the fault takes the place of the end event, so a
+                # decided fault always happens.
+                or (event is not None and event.end is not None)
+            )
+            if fault is not None and due:
+                self.plan.record(fault)
+                if fault.kind == "no_end":
+                    await req.write(b"", more=False)
+                    return
+                if fault.kind == "hang":
+                    await trio.sleep_forever()
+                raise AbortConnection(fault.kind)
             if event is None:
-                if fault is not None and fault_at is not None and now >= fault_at:
-                    self.plan.record(fault)
-                    if fault.kind == "no_end":
-                        await req.write(b"", more=False)
-                        return
-                    if fault.kind == "hang":
-                        await trio.sleep_forever()
-                    raise AbortConnection(fault.kind)
                 if deadline is not None and now >= deadline:
                     await self._deadline_exceeded(req, record, is_start)
                     return
@@ -742,6 +763,48 @@ class EnvdApp:
                 await self._deadline_exceeded(req, record, is_start)
                 return
             await emit(event)
+
+    async def _proxy_stream_fault(
+        self,
+        req: Request,
+        record: ProcessRecord,
+        sub: trio.MemoryReceiveChannel[wire.ProcessEvent],
+        fault: Fault,
+        trigger: trio.Event,
+        keepalive_sec: float,
+    ) -> None:
+        """Serve a stream whose frame fault the proxy fires; hold the end back for it."""
+
+        async def emit(event: wire.ProcessEvent) -> None:
+            await req.write(connect.encode_envelope(wire.encode(wire.StartResponse(event=event))))
+
+        await req.start(200, [("content-type", _STREAM_JSON)])
+        await emit(wire.ProcessEvent(start=wire.StartEvent(pid=record.pid)))
+        graceful = fault.kind == "goaway" and fault.code == 0
+        while not trigger.is_set():
+            event: wire.ProcessEvent | None = None
+            with trio.move_on_after(keepalive_sec):
+                try:
+                    event = await sub.receive()
+                except trio.EndOfChannel:
+                    break
+            if event is None:
+                await emit(wire.ProcessEvent(keepalive=wire.KeepAlive()))
+            elif event.end is not None:
+                trigger.set()  # the fault takes the place of the end event
+                if graceful:
+                    await emit(event)
+                    break
+            else:
+                await emit(event)
+        if record.gone:
+            err = connect.ConnectError("unavailable", _GONE_MESSAGE)
+            await req.write(connect.encode_end_stream(err), more=False)
+            return
+        if graceful:
+            await req.write(connect.encode_end_stream(), more=False)
+            return
+        await trio.sleep_forever()  # until the proxy's fault disconnects us
 
     async def _deadline_exceeded(self, req: Request, record: ProcessRecord, is_start: bool) -> None:
         # envd ties a Start's process to the request deadline: it kills the process.

@@ -38,6 +38,8 @@ class Request:
         )
         self.started = False
         self.finished = False
+        #: Set by the app when a proxy-applied fault should fire now (see FaultHandoff).
+        self.fault_trigger: Any = None
 
     def param(self, name: str) -> str | None:
         values = self.query.get(name)

@@ -199,6 +199,7 @@ class _H2Relay:
         self.open: set[int] = set()  # forwarded streams the server has not finished
         self.dropped: set[int] = set()  # client streams never forwarded
         self.silenced: set[int] = set()  # reset or hung: the server's DATA is swallowed
+        self.pending: dict[int, Fault] = {}  # stream faults scheduled and not yet fired
         self.goaway_sent = False
         self.drained = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -263,6 +264,7 @@ class _H2Relay:
                     continue
                 if ftype == RST_STREAM:
                     self._stream_done(sid)
+                    self.pending.pop(sid, None)
                 out += raw
             if out:
                 await self.to_upstream(bytes(out))
@@ -285,8 +287,12 @@ class _H2Relay:
             path = pseudo.get(b":path", b"/").decode("latin-1").split("?", 1)[0]
             fault = self.proxy.plan.decide(method, path)
             marker = "-"
+            trigger: trio.Event | None = None
             if fault is not None and fault.kind in APP_KINDS:
                 marker = self.proxy.handoff.put(fault)
+            elif fault is not None and not fault.before_request:
+                trigger = trio.Event()
+                marker = self.proxy.handoff.put(fault, trigger)
             elif fault is not None and fault.before_request:
                 self.proxy.plan.record(fault)
                 self.dropped.add(sid)
@@ -299,9 +305,10 @@ class _H2Relay:
             self.max_forwarded = sid
             self.open.add(sid)
             self.proxy.stats["streams"] += 1
-            if fault is not None and fault.kind not in APP_KINDS:
+            if fault is not None and trigger is not None:
                 assert self._nursery is not None
-                self._nursery.start_soon(self._fire_later, sid, fault)
+                self.pending[sid] = fault
+                self._nursery.start_soon(self._fire_later, sid, fault, trigger)
         encoded = self.encoder.encode(headers)
         end = flags & END_STREAM
         limit = self.upstream_max_frame
@@ -326,17 +333,23 @@ class _H2Relay:
             raise _Closing("tcp_close")
         # "hang": the request silently goes nowhere.
 
-    async def _fire_later(self, sid: int, fault: Fault) -> None:
-        await trio.sleep(fault.after_sec)
-        if sid not in self.open:
-            return  # the stream finished first: nothing to inject
+    async def _fire_later(self, sid: int, fault: Fault, trigger: trio.Event) -> None:
+        # Due after ``after_sec``, or earlier when the app says the process ended first.
+        with trio.move_on_after(fault.after_sec):
+            await trigger.wait()
+        if self.pending.pop(sid, None) is None:
+            return  # already fired when the response ended, or the client reset the stream
+        await self._fire(sid, fault, server_done=False)
+
+    async def _fire(self, sid: int, fault: Fault, *, server_done: bool) -> None:
         self.proxy.plan.record(fault)
         self.proxy.stats[f"fault_{fault.kind}"] += 1
         if fault.kind == "rst":
             self.silenced.add(sid)
             self._stream_done(sid)
             await self.to_client(rst_stream(sid, fault.code))
-            await self.to_upstream(rst_stream(sid, CANCEL))
+            if not server_done:
+                await self.to_upstream(rst_stream(sid, CANCEL))
         elif fault.kind == "hang":
             self.silenced.add(sid)
         elif fault.kind == "goaway":
@@ -370,6 +383,21 @@ class _H2Relay:
             credit = 0
             while (f := frames.pop()) is not None:
                 ftype, flags, sid, payload, raw = f
+                if flags & END_STREAM and ftype in (DATA, HEADERS) and sid in self.pending:
+                    # The response is complete before its fault fired: the fault takes the place
+                    # of its end, so a decided fault always happens ("the reply was lost").
+                    fault = self.pending.pop(sid)
+                    if fault.kind == "goaway" and fault.code == NO_ERROR:
+                        out += raw  # graceful: this response completes, then GOAWAY
+                    elif ftype == DATA:
+                        credit += len(payload)
+                    else:
+                        out += frame(HEADERS, flags & ~END_STREAM, sid, payload)
+                    self._stream_done(sid)
+                    await self._flush_s2c(out, credit)
+                    out, credit = bytearray(), 0
+                    await self._fire(sid, fault, server_done=True)
+                    continue
                 if ftype == DATA and sid in self.silenced:
                     credit += len(payload)
                     if flags & END_STREAM:
@@ -383,7 +411,10 @@ class _H2Relay:
                         if ident == _SETTINGS_MAX_FRAME_SIZE:
                             self.upstream_max_frame = value
                 out += raw
-            if credit:
-                await self.to_upstream(window_update(0, credit))
-            if out:
-                await self.to_client(bytes(out))
+            await self._flush_s2c(out, credit)
+
+    async def _flush_s2c(self, out: bytearray, credit: int) -> None:
+        if credit:
+            await self.to_upstream(window_update(0, credit))
+        if out:
+            await self.to_client(bytes(out))
