@@ -239,3 +239,20 @@ async def test_sdk_filesystem_calls(server: EnvdServer) -> None:
     assert out["after_remove"] is False
     assert out["gone"] is True
     assert out["user_home"] is True
+
+
+async def test_sdk_list_and_connect_by_id(server: EnvdServer) -> None:
+    def scenario() -> tuple[list[tuple[str, dict[str, str]]], str]:
+        sb = e2b.Sandbox.create(metadata={"episode": "7"}, **params(server))
+        listed = [
+            (i.sandbox_id, i.metadata) for i in e2b.Sandbox.list(**params(server)).next_items()
+        ]
+        again = e2b.Sandbox.connect(sb.sandbox_id, **params(server))
+        out = again.commands.run("echo via-connect").stdout
+        sb.kill()
+        return listed, out
+
+    listed, out = await in_thread(scenario)
+    assert len(listed) == 1
+    assert listed[0][1] == {"episode": "7"}
+    assert out == "via-connect\n"
