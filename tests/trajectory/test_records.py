@@ -293,3 +293,19 @@ def test_turn_records_encode_with_msgspec() -> None:
             msgspec.msgpack.encode({**msgspec.structs.asdict(t), "output_log_probs": bytes(8)}),
             type=TurnRecord,
         )
+
+
+@pytest.mark.parametrize("dtype", ["<i4", ">i4", "<i8", ">i8", "i2", "u2", "u1"])
+def test_integer_buffers_of_any_layout_convert(dtype: str) -> None:
+    src = np.array([0, 1, 2, 100], dtype=dtype)
+    t = TurnRecord.from_lists(prompt_ids=src, output_ids=src[::-1])
+    assert t.prompt_ids_list() == [0, 1, 2, 100]
+    assert t.output_ids_list() == [100, 2, 1, 0]
+    assert t.prompt_ids.format == "i"
+
+
+@pytest.mark.parametrize("dtype", ["<f4", ">f4", "<f8", ">f8", "f2"])
+def test_float_buffers_of_any_layout_convert(dtype: str) -> None:
+    s = sample(rollout_log_probs=np.array([-0.5, 0.0, -0.25], dtype=dtype))
+    assert s.rollout_log_probs_list() == [-0.5, 0.0, -0.25]
+    assert s.rollout_log_probs.format == "f"

@@ -6,7 +6,9 @@ mask, ``"f"`` (float32) for log-probs. Such a view slices in O(1), hands its mem
 ``numpy.frombuffer`` without a copy, and msgspec writes it to msgpack as one ``bin`` blob.
 
 The coercion helpers accept whatever callers naturally hold (lists, ``array.array``, numpy
-arrays, raw little-endian bytes, views) and copy only when the memory layout differs.
+arrays, raw little-endian bytes, views). A read-only buffer of the right layout is shared; a
+writable one is copied (a record must not change when its source does); lists and other
+layouts are converted.
 """
 
 from __future__ import annotations
@@ -62,6 +64,25 @@ def _from_iterable(value: object, typecode: str, name: str) -> memoryview:
     return memoryview(arr).toreadonly()
 
 
+def _convert(value: object, mv: memoryview, typecode: str, name: str) -> memoryview:
+    """Element-by-element conversion of a buffer of another layout (e.g. numpy int64)."""
+    try:
+        items: object = mv.tolist()
+    except NotImplementedError:  # a format memoryview cannot unpack (e.g. big-endian ">i")
+        items = value
+    return _from_iterable(items, typecode, name)
+
+
+def _is_raw(value: object, mv: memoryview) -> bool:
+    """Python's own bytes-like objects with a byte format hold raw little-endian data (what
+    msgpack decoding hands over); a numpy uint8 array or ``array("B")`` holds numbers."""
+    return (
+        isinstance(value, (bytes, bytearray, memoryview))
+        and mv.c_contiguous
+        and mv.format in _BYTE_FORMATS
+    )
+
+
 def _flat(mv: memoryview, name: str) -> memoryview:
     if mv.ndim != 1:
         raise InvalidArgumentError(f"{name} must be one-dimensional, got {mv.ndim} dimensions")
@@ -71,7 +92,12 @@ def _flat(mv: memoryview, name: str) -> memoryview:
 def _raw(mv: memoryview) -> memoryview:
     """The bytes of a contiguous view, read-only: shared if ``mv`` is read-only, else copied
     (a record must not change when the caller later writes to its array)."""
-    return mv.cast("B") if mv.readonly else memoryview(mv.tobytes())
+    if mv.readonly:
+        try:
+            return mv.cast("B")
+        except TypeError:  # a non-native format spelling such as "<i": copy instead
+            pass
+    return memoryview(mv.tobytes())
 
 
 def as_int32(value: object, name: str) -> memoryview:
@@ -91,7 +117,7 @@ def as_int32(value: object, name: str) -> memoryview:
         return mv  # the common case: already one of ours
     _flat(mv, name)
     fmt = mv.format
-    if mv.c_contiguous and fmt in _BYTE_FORMATS:
+    if _is_raw(value, mv):
         if mv.nbytes % 4:
             raise InvalidArgumentError(f"{name}: {mv.nbytes} bytes is not a whole number of int32")
         return _raw(mv).cast("i").toreadonly()
@@ -99,7 +125,7 @@ def as_int32(value: object, name: str) -> memoryview:
         return _raw(mv).cast("i").toreadonly()
     if fmt.lstrip("@=<>!") in ("b", "B", "h", "H", "i", "I", "l", "L", "q", "Q", "n", "N"):
         # Other integer widths (numpy int64 is the usual one): convert element by element.
-        return _from_iterable(mv.tolist(), "i", name)
+        return _convert(value, mv, "i", name)
     raise InvalidArgumentError(f"{name} must hold integers, got a buffer of format {fmt!r}")
 
 
@@ -117,7 +143,7 @@ def as_float32(value: object, name: str) -> memoryview:
         return mv
     _flat(mv, name)
     fmt = mv.format
-    if mv.c_contiguous and fmt in _BYTE_FORMATS:
+    if _is_raw(value, mv):
         if mv.nbytes % 4:
             raise InvalidArgumentError(
                 f"{name}: {mv.nbytes} bytes is not a whole number of float32"
@@ -126,7 +152,7 @@ def as_float32(value: object, name: str) -> memoryview:
     if mv.c_contiguous and fmt in _FLOAT32_FORMATS:
         return float_view(_raw(mv).cast("f").toreadonly())
     if fmt.lstrip("@=<>!") in ("e", "f", "d"):
-        return _from_iterable(mv.tolist(), "f", name)
+        return _convert(value, mv, "f", name)
     raise InvalidArgumentError(f"{name} must hold floats, got a buffer of format {fmt!r}")
 
 
@@ -142,7 +168,7 @@ def as_mask(value: object, name: str) -> memoryview:
         mv = _from_iterable(value, "B", name)
     elif not (mv.c_contiguous and mv.itemsize == 1 and mv.format in _MASK_FORMATS):
         _flat(mv, name)
-        mv = _from_iterable(mv.tolist(), "B", name)
+        mv = _convert(value, mv, "B", name)
     raw = mv.tobytes()
     # One C pass: delete every 0 and 1; anything left is invalid. (Faster than two counts.)
     rest = raw.translate(None, b"\x00\x01")
