@@ -329,18 +329,27 @@ async def test_outside_cancellation_kills_then_reraises(backend: Backend, image:
 
 
 async def test_cancel_at_random_points(backend: Backend, image: Path) -> None:
-    """100 cancellations at seeded random moments (before, during and after the spawn)."""
+    """100 cancellations at seeded random moments (before, during and after the spawn), in four
+    concurrent lanes of 25 trials so that the test stays fast."""
     rng = random.Random(20260529)
     token = new_token()
+    delays = [rng.uniform(0.0, 0.15) for _ in range(100)]
     tags = [f"{token}-{i}" for i in range(100)]
+    finished = 0
     async with sandbox(backend, image) as sb:
-        finished = 0
-        for tag in tags:
-            with trio.move_on_after(rng.uniform(0.0, 0.12)):
-                await exec_and_wait(
-                    sb, f"sh -c '{LOOP} # {token}'", time_budget_sec=math.inf, tag=tag
-                )
-                finished += 1
+
+        async def lane(first: int) -> None:
+            nonlocal finished
+            for i in range(first, 100, 4):
+                with trio.move_on_after(delays[i]):
+                    await exec_and_wait(
+                        sb, f"sh -c '{LOOP} # {token}'", time_budget_sec=math.inf, tag=tags[i]
+                    )
+                    finished += 1
+
+        async with trio.open_nursery() as n:
+            for first in range(4):
+                n.start_soon(lane, first)
         assert finished == 0
         assert await pids_with(sb, token) == []
         assert await leftover_dirs(sb, tags) == []
@@ -504,7 +513,7 @@ async def test_caller_strings_work_literally_or_are_refused(backend: Backend, im
     rng = random.Random(7)
     async with sandbox(backend, image) as sb:
         accepted = 0
-        for i in range(40):
+        for i in range(30):
             value, dirname = nasty(rng), nasty(rng)
             tag = (nasty(rng) or None) if i % 3 == 0 else None
             workdir = f"/tmp/w{i}/{dirname.replace('/', '_')}"
@@ -528,5 +537,5 @@ async def test_caller_strings_work_literally_or_are_refused(backend: Backend, im
             assert r.output == f"{value}|{posixpath.normpath(workdir)}\n"
             assert r.tag == (tag or r.tag)
             accepted += 1
-        assert accepted >= 15  # most cases must really run, not just be refused
+        assert accepted >= 12  # most cases must really run, not just be refused
         assert (await sb.exec("test -e /tmp/canary", cwd="/")).exit_code == 1

@@ -55,6 +55,8 @@ KILL_TIMEOUT_SEC = 30.0
 _WAIT_RPC_SLACK_SEC = 30.0
 #: With ``want_output``, outputs up to this size come back in the wait RPC's reply itself.
 INLINE_OUTPUT_BYTES = 64 * 1024
+#: How often a script whose reply came back without its header is run again.
+_MALFORMED_RETRIES = 2
 #: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
 MAX_POLL_INTERVAL_SEC = 300.0
 
@@ -139,6 +141,7 @@ class _Call:
         self.started = trio.current_time()
         self.touched = False  # an RPC that may have created files was sent
         self.kill_error: BaseException | None = None
+        self.malformed_replies = 0
 
     async def run(self, budget: float) -> ExecResult:
         kill_reply: Reply | None = None
@@ -160,10 +163,7 @@ class _Call:
         plan = self.plan
         self.touched = True
         await self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user, mode=0o600)
-        result = await self.sb.exec(
-            spawn_script(plan), user=plan.user, cwd="/", timeout=SCRIPT_TIMEOUT_SEC, idempotent=True
-        )
-        reply = self._reply(result, "spawn")
+        reply = await self._run_script(spawn_script(plan), "spawn", SCRIPT_TIMEOUT_SEC)
         if reply.state in ("started", "replay"):
             return
         if reply.state == "busy":
@@ -226,16 +226,12 @@ class _Call:
         backoff = 0.05
         while True:
             t0 = trio.current_time()
-            result = await self.sb.exec(
-                script,
-                user=plan.user,
-                cwd="/",
-                timeout=self.poll_sec + _WAIT_RPC_SLACK_SEC,
-                idempotent=True,
-            )
-            if result.reason == "timeout":
+            try:
+                reply = await self._run_script(
+                    script, "wait", self.poll_sec + _WAIT_RPC_SLACK_SEC, retry_timeout=False
+                )
+            except _RpcTimeout:
                 continue  # the RPC itself overran; the command may still run: ask again
-            reply = self._reply(result, "wait")
             if reply.state == "done":
                 return reply
             if reply.state == "running":
@@ -327,14 +323,7 @@ class _Call:
         script = kill_script(self.plan, remove=not keep_files, tail_bytes=tail_bytes)
         with trio.CancelScope(shield=True, deadline=trio.current_time() + KILL_TIMEOUT_SEC):
             try:
-                result = await self.sb.exec(
-                    script,
-                    user=self.plan.user,
-                    cwd="/",
-                    timeout=SCRIPT_TIMEOUT_SEC,
-                    idempotent=True,
-                )
-                return self._reply(result, "kill")
+                return await self._run_script(script, "kill", SCRIPT_TIMEOUT_SEC)
             except Exception as exc:
                 self.kill_error = exc
                 return None
@@ -357,14 +346,38 @@ class _Call:
             except SandboxError:
                 pass  # a leftover directory in a broken sandbox must not hide a known result
 
-    def _reply(self, result: ExecResult, step: str) -> Reply:
-        if result.reason == "timeout":
-            raise SandboxError(
-                f"detached {step} script of {self.plan.tag!r} timed out in sandbox {self.sb.id}"
+    async def _run_script(
+        self, script: str, step: str, timeout: float, *, retry_timeout: bool = True
+    ) -> Reply:
+        """Run one of our (replay-safe) scripts and parse its reply.
+
+        A reply without a header (output lost by the transport) is asked for again: every
+        script is safe to run twice. A timed-out RPC raises :class:`_RpcTimeout` when
+        ``retry_timeout`` is False, else :class:`SandboxError`.
+        """
+        for attempt in range(_MALFORMED_RETRIES + 1):
+            result = await self.sb.exec(
+                script, user=self.plan.user, cwd="/", timeout=timeout, idempotent=True
             )
-        if result.exit_code != 0:
-            raise SandboxError(
-                f"detached {step} script of {self.plan.tag!r} failed in sandbox {self.sb.id} "
-                f"(exit {result.exit_code}): {result.output[-500:]!r}"
-            )
-        return parse_reply(result.output)
+            if result.reason == "timeout":
+                if not retry_timeout:
+                    raise _RpcTimeout
+                raise SandboxError(
+                    f"detached {step} script of {self.plan.tag!r} timed out in sandbox {self.sb.id}"
+                )
+            if result.exit_code != 0:
+                raise SandboxError(
+                    f"detached {step} script of {self.plan.tag!r} failed in sandbox {self.sb.id} "
+                    f"(exit {result.exit_code}): {result.output[-500:]!r}"
+                )
+            try:
+                return parse_reply(result.output)
+            except SandboxError:
+                if attempt == _MALFORMED_RETRIES:
+                    raise
+                self.malformed_replies += 1
+        raise AssertionError("unreachable")
+
+
+class _RpcTimeout(Exception):
+    """A wait RPC overran its own timeout (the poller simply asks again)."""
