@@ -31,9 +31,8 @@ import asyncio
 import functools
 import weakref
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import outcome
 import trio
 
 from .agents._types import Agent
@@ -41,6 +40,9 @@ from .config import SweConfig
 from .episode import EpisodeResult
 from .grading import InstanceMetadata
 from .sandbox import Backend
+
+if TYPE_CHECKING:
+    import outcome
 
 __all__ = ["run", "run_episode", "run_rollouts", "shutdown", "statistics"]
 
@@ -96,12 +98,13 @@ class _Guest:
             nursery.cancel_scope.cancel()
 
     def _on_done(self, result: outcome.Outcome[None]) -> None:
+        error = getattr(result, "error", None)
         self.accepting = False
         if not self.ready.done():
             self.ready.set_exception(RuntimeError("the trio guest run ended before it started"))
-        if isinstance(result, outcome.Error):
+        if isinstance(error, BaseException):
             if not self.finished.done():
-                self.finished.set_exception(result.error)
+                self.finished.set_exception(error)
         elif not self.finished.done():
             self.finished.set_result(None)
         _GUESTS.pop(self.loop, None)

@@ -394,15 +394,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = _cmd_run if args.command == "run" else _cmd_demo
     try:
         return trio.run(command, args, console)
-    except KeyboardInterrupt:
-        console.print(
-            "[yellow]interrupted: every finished episode is in the results file; "
-            "rerun the same command to resume"
-        )
-        return 130
-    except TrioSweError as exc:
-        console.print(f"[red]error: {exc}")
-        return 2
+    except BaseException as exc:
+        if _only(exc, KeyboardInterrupt) is not None:
+            console.print(
+                "[yellow]interrupted: every finished episode is in the results file; "
+                "rerun the same command to resume"
+            )
+            return 130
+        error = _only(exc, TrioSweError)
+        if error is not None:
+            console.print(f"[red]error: {error}")
+            return 2
+        raise
+
+
+def _only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
+    """``exc`` if it is a ``kind``, or the first ``kind`` of a group made only of them."""
+    if isinstance(exc, kind):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        matched, rest = exc.split(kind)
+        if matched is not None and rest is None:
+            leaf: BaseException = matched
+            while isinstance(leaf, BaseExceptionGroup):
+                leaf = leaf.exceptions[0]
+            return leaf
+    return None
 
 
 if __name__ == "__main__":

@@ -25,10 +25,8 @@ import trio
 
 from ._errors import (
     BackendUnavailableError,
-    InvalidArgumentError,
     SandboxBootError,
     SandboxError,
-    TrioSweError,
 )
 from .agents._harness import AgentInstallError
 from .agents._policy import PolicyError
@@ -415,7 +413,7 @@ async def run_episode(
                 return abort("policy_error", str(exc))
             except AgentInstallError as exc:
                 return abort("agent_install_failed", str(exc))
-            except (TrioSweError, InvalidArgumentError, Exception) as exc:
+            except Exception as exc:
                 logger.exception("episode %s failed with an unexpected error", eid)
                 return abort("internal_error", f"{type(exc).__name__}: {exc}")
         if guard.cancelled_caught:
