@@ -276,7 +276,9 @@ class _H2Relay:
             for k, v in self.decoder.decode(block, raw=True)
             if bytes(k) != FAULT_HEADER.encode()
         ]
-        new = sid > self.max_forwarded and sid not in self.dropped
+        if sid in self.dropped:
+            return b""  # decoded (HPACK state) but never forwarded
+        new = sid > self.max_forwarded
         if new:
             if self.goaway_sent:
                 self.dropped.add(sid)

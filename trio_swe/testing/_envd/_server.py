@@ -250,6 +250,7 @@ async def open_envd_server(
             # does not, and a GOAWAY must only come from the fault plan.
             config.keep_alive_max_requests = 2**31
             config.graceful_timeout = 0.5
+            config.backlog = 4096  # bursts of connections from 1,000 sandboxes' clients
             config.include_server_header = False
             config.alpn_protocols = ["h2", "http/1.1"] if http2 else ["http/1.1"]
             if tls and not use_proxy:
