@@ -308,6 +308,20 @@ def test_max_sample_tokens_exact_fit_is_untouched() -> None:
     assert "truncated_from" not in s.metadata
 
 
+def test_append_only_refuses_drift() -> None:
+    b = SampleBuilder(append_only=True)
+    b.add(turn("sys u1", "a1 a2"))
+    b.add(turn("sys u1 a1 a2 t1", "a3"))
+    with pytest.raises(InvalidArgumentError, match=r"turn 2 is not append-only: .* token 3 of 6"):
+        b.add(turn("sys u1 a1 x2 t1", "b1"))  # would realign
+    with pytest.raises(InvalidArgumentError, match="turn 2 is not append-only"):
+        b.add(turn("sys9", "b1"))  # would fork
+    b.add(turn("sys u1 a1 a2 t1 a3 t2", "a4"))
+    assert g(b.finish(reward=1.0)) == ["sys u1 | [a1] [a2] t1 [a3] t2 [a4]"]
+    st = b.statistics()
+    assert (st.turns, st.clean, st.realign, st.fork) == (3, 2, 0, 0)
+
+
 # --- reuse, statistics, arguments -------------------------------------------------------------
 
 

@@ -154,6 +154,9 @@ class SampleBuilder:
             only if its output is shorter than this (slime's gate); 0 turns realignment off.
         keep_untrained: Also return samples without a single trained token (normally dropped
             and counted in ``dropped_samples``).
+        append_only: Refuse any turn that is not clean (raise instead of realigning or
+            forking), for clients that keep the server's token history canonical (slime PR
+            #2287): a drift is then a bug to see, not extra samples to train on.
 
     Raises:
         InvalidArgumentError: an argument is out of range or not one of the allowed values.
@@ -167,6 +170,7 @@ class SampleBuilder:
         missing_log_probs: MissingLogProbsPolicy = "error",
         fork_threshold_tokens: int = 1024,
         keep_untrained: bool = False,
+        append_only: bool = False,
     ) -> None:
         if max_sample_tokens is not None and (
             not isinstance(max_sample_tokens, int)
@@ -197,6 +201,7 @@ class SampleBuilder:
         self.missing_log_probs: MissingLogProbsPolicy = missing_log_probs
         self.fork_threshold_tokens = fork_threshold_tokens
         self.keep_untrained = keep_untrained
+        self.append_only = append_only
         self._mask_ill_formed = ill_formed_policy == "mask"
         self._error_on_missing = missing_log_probs == "error"
         self._current: _Segment | None = None
@@ -222,8 +227,9 @@ class SampleBuilder:
         """Append one policy call to the chain.
 
         Raises:
-            InvalidArgumentError: ``turn`` is not a TurnRecord, or its output would be trained
-                without log-probs and ``missing_log_probs="error"`` (the builder is unchanged).
+            InvalidArgumentError: ``turn`` is not a TurnRecord; or its output would be trained
+                without log-probs and ``missing_log_probs="error"``; or it is not clean and
+                ``append_only`` (the builder is unchanged).
         """
         # The hot path of the builder: a memcmp and a few appends per turn, kept inline.
         if not isinstance(turn, TurnRecord):
@@ -248,6 +254,11 @@ class SampleBuilder:
             seg = self._current = _Segment(prompt, forked=False)
         else:
             kind, lcp = seg.place(prompt, n_out, self.fork_threshold_tokens)
+            if kind != "clean" and self.append_only:
+                raise InvalidArgumentError(
+                    f"turn {self._turns_in_chain()} is not append-only: its prompt differs "
+                    f"from the held tokens at token {lcp} of {len(seg.tokens) >> 2}"
+                )
             if kind == "fork":
                 self._closed.append(seg)
                 seg = self._current = _Segment(prompt, forked=True)
