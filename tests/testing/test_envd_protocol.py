@@ -366,3 +366,23 @@ async def test_unimplemented_rpcs_say_so(
     r = await unary(client, server.sandbox_url + path, wire.ListRequest(), sbx)
     assert r.status_code == 501
     assert r.json()["code"] == "unimplemented"
+
+
+@pytest.mark.parametrize("fault_proxy", [False, True])
+async def test_tls_serves_http2_and_http1(fault_proxy: bool) -> None:
+    async with open_envd_server(tls=True, fault_proxy=fault_proxy) as server:
+        assert server.ca_path is not None
+        ctx = server.client_ssl_context()
+        async with (
+            httpx.AsyncClient(verify=ctx, http2=True, timeout=60) as h2,
+            httpx.AsyncClient(verify=ctx, timeout=60) as h1,
+        ):
+            sbx = await create(h2, server)
+            for client, version in ((h2, "HTTP/2"), (h1, "HTTP/1.1")):
+                r = await client.get(server.sandbox_url + "/health", headers=sbx.headers())
+                assert r.status_code == 204
+                assert r.http_version == version
+                out = await stream(
+                    client, server.sandbox_url + START, start_body("echo tls"), stream_headers(sbx)
+                )
+                assert out.stdout == b"tls\n"
