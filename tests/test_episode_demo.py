@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trio_swe import EpisodeResult, run_rollouts
+from trio_swe import EpisodeResult, run_episode, run_rollouts
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy, parse_command
 from trio_swe.grading import InstanceMetadata
 from trio_swe.testing import open_scripted_policy_server
@@ -94,4 +94,28 @@ async def test_eight_demo_episodes_four_at_a_time(tmp_path: Path) -> None:
     assert results["demo__fizz-1"].reward == 0.0
     # Harness files never reach the patch.
     assert all("PROBLEM_STATEMENT.md" not in r.patch for r in results.values())
+    assert_nothing_left(tmp_path, backend)
+
+
+async def test_context_cap_bounds_samples_and_truncates_the_episode(tmp_path: Path) -> None:
+    demo, mds, backend = build_demo(tmp_path)
+    calc = next(md for md in mds if md.instance_id == "demo__calc-1")
+    cap = 1200  # room for the first prompt and a turn or two, not for the whole script
+    async with (
+        open_scripted_policy_server(demo.scripts) as server,
+        SGLangPolicy(server.url) as policy,
+    ):
+        agent = BashAgent(policy, ByteTokenizer(), max_turns=10)
+        config = demo_config(max_context_tokens=cap)
+        result = await run_episode(calc, agent, backend=backend, config=config, network=False)
+    assert result.status == "truncated", result.error
+    assert result.agent_finish == "context_limit"
+    assert result.agent_exit_code == 1
+    # The last reply was cut to the room left (finish "length", no command): the run stops
+    # there, graded on what was done by then (the fix was).
+    assert result.n_turns == len(demo.scripts["demo__calc-1"])
+    assert result.reward == 1.0
+    assert result.samples
+    assert all(len(s.tokens) <= cap for s in result.samples)
+    assert result.samples[-1].status == "truncated"
     assert_nothing_left(tmp_path, backend)
