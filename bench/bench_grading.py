@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import trio
 
@@ -46,9 +47,11 @@ def _bare_test_runs(calc: CalcRepo, workdir: Path) -> list[float]:
     return times
 
 
-async def _gradings(backend: LocalBackend, calc: CalcRepo, row: dict[str, object], protocol: str):  # type: ignore[no-untyped-def]
+async def _gradings(
+    backend: LocalBackend, calc: CalcRepo, row: dict[str, Any], protocol: str
+) -> list[tuple[float, dict[str, float]]]:
     md = get_metadata(row, protocol)
-    out = []
+    out: list[tuple[float, dict[str, float]]] = []
     for _ in range(N):
         t = time.perf_counter()
         r = await run_evaluation(backend, md, calc.gold, timeout_sec=120)
