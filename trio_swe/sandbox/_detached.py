@@ -351,8 +351,8 @@ class _Call:
     ) -> Reply:
         """Run one of our (replay-safe) scripts and parse its reply.
 
-        A reply without a header (output lost by the transport) is asked for again: every
-        script is safe to run twice. A timed-out RPC raises :class:`_RpcTimeout` when
+        A reply without a header or marked truncated (output lost by the transport) is asked
+        for again: every script is safe to run twice. A timed-out RPC raises :class:`_RpcTimeout` when
         ``retry_timeout`` is False, else :class:`SandboxError`.
         """
         for attempt in range(_MALFORMED_RETRIES + 1):
@@ -370,6 +370,10 @@ class _Call:
                     f"detached {step} script of {self.plan.tag!r} failed in sandbox {self.sb.id} "
                     f"(exit {result.exit_code}): {result.output[-500:]!r}"
                 )
+            if result.output_truncated and attempt < _MALFORMED_RETRIES:
+                # Our replies are small: "truncated" means the transport lost part of it.
+                self.malformed_replies += 1
+                continue
             try:
                 return parse_reply(result.output)
             except SandboxError:
