@@ -256,3 +256,17 @@ async def test_sdk_list_and_connect_by_id(server: EnvdServer) -> None:
     assert len(listed) == 1
     assert listed[0][1] == {"episode": "7"}
     assert out == "via-connect\n"
+
+
+async def test_sdk_stdin_send_stream_and_close(server: EnvdServer) -> None:
+    def scenario() -> str:
+        sb = e2b.Sandbox.create(**params(server))
+        handle = sb.commands.run("cat", background=True, stdin=True)
+        sb.commands.send_stdin(handle.pid, "one,")
+        sb.commands.stream_input(handle.pid, ["two,", b"three"])
+        sb.commands.close_stdin(handle.pid)
+        out = handle.wait().stdout
+        sb.kill()
+        return out
+
+    assert await in_thread(scenario) == "one,two,three"

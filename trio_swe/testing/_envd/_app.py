@@ -499,6 +499,9 @@ class EnvdApp:
         if service == "process.Process" and method in ("Start", "Connect"):
             await self._stream_rpc(req, entry, method, fault)
             return
+        if service == "process.Process" and method == "StreamInput":
+            await self._stream_input(req, entry)
+            return
         handlers: dict[str, Callable[[SandboxEntry, bytes], Awaitable[msgspec.Struct | bytes]]] = {
             "List": self._list,
             "SendSignal": self._send_signal,
@@ -660,6 +663,59 @@ class EnvdApp:
             )
         finally:
             record.unsubscribe(sub)
+
+    async def _stream_input(self, req: Request, entry: SandboxEntry) -> None:
+        """Client stream: ``start{process}``, then ``data{input}``/``keepalive`` messages."""
+        if not req.headers.get("content-type", "").startswith(_STREAM_JSON):
+            await req.body()
+            await req.respond(415, b"", [("accept-post", _STREAM_JSON)])
+            return
+        decoder = connect.EnvelopeDecoder()
+        record: ProcessRecord | None = None
+        try:
+            while True:
+                msg = await req.receive()
+                if msg["type"] == "http.disconnect":
+                    return
+                for env in decoder.feed(msg.get("body", b"")):
+                    if env.end_stream:
+                        continue
+                    event = msgspec.json.decode(env.payload)
+                    if not isinstance(event, dict):
+                        raise _RpcError("invalid_argument", "bad StreamInput message")
+                    if "start" in event:
+                        sel = msgspec.convert(
+                            (event["start"] or {}).get("process") or {}, wire.ProcessSelector
+                        )
+                        record = self._select(entry, sel)
+                    elif "data" in event:
+                        if record is None:
+                            raise _RpcError("failed_precondition", "data before start")
+                        raw = ((event["data"] or {}).get("input") or {}).get("stdin")
+                        stdin = record.proc.stdin
+                        if stdin is None or record.end is not None:
+                            raise _RpcError("failed_precondition", "process has no open stdin")
+                        if raw:
+                            await stdin.send_all(base64.b64decode(raw))
+                if not msg.get("more_body", False):
+                    break
+            decoder.check_complete()
+        except _RpcError as err:
+            await self._stream_fail(req, err)
+            return
+        except (
+            connect.ProtocolError,
+            msgspec.DecodeError,
+            msgspec.ValidationError,
+            binascii.Error,
+        ) as exc:
+            await self._stream_fail(req, _RpcError("invalid_argument", str(exc)))
+            return
+        except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            await self._stream_fail(req, _RpcError("failed_precondition", f"stdin closed: {exc}"))
+            return
+        body = connect.encode_envelope(wire.encode(wire.SendInputResponse()))
+        await req.respond(200, body + connect.encode_end_stream(), [("content-type", _STREAM_JSON)])
 
     async def _stream_fail(self, req: Request, err: _RpcError) -> None:
         end = connect.encode_end_stream(connect.ConnectError(err.code, err.message))
