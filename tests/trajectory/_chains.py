@@ -37,6 +37,7 @@ def ref_build(
     ill_formed_policy: str = "mask",
     missing_log_probs: str = "error",
     fork_threshold_tokens: int = 1024,
+    append_only: bool = False,
 ) -> list[RefSegment]:
     """Independent, obviously-slow reimplementation of SampleBuilder's placement rules.
 
@@ -64,6 +65,8 @@ def ref_build(
                 kind = "realign"
             else:
                 kind = "fork"
+            if append_only and kind != "clean":
+                raise ValueError(f"turn {i} is not append-only")
         if kind in ("start", "fork"):
             seg = RefSegment(tokens=list(prompt), prompt_len=len(prompt))
             segments.append(seg)

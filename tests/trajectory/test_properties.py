@@ -26,6 +26,7 @@ policies = st.fixed_dictionaries(
         "ill_formed_policy": st.sampled_from(["mask", "train"]),
         "missing_log_probs": st.sampled_from(["error", "mask"]),
         "fork_threshold_tokens": st.sampled_from([0, 1, 2, 3, 1024]),
+        "append_only": st.booleans(),
     }
 )
 limits = st.none() | st.integers(min_value=1, max_value=40)
@@ -62,8 +63,9 @@ def test_builder_invariants(
         for t in turns:
             b.add(t)
         out = b.finish(reward=1.0, metadata={"episode": "e"})
-    except InvalidArgumentError:
-        with pytest.raises(ValueError, match="no log-probs"):
+    except InvalidArgumentError as exc:
+        expected = "not append-only" if "append-only" in str(exc) else "no log-probs"
+        with pytest.raises(ValueError, match=expected):
             ref_build(turns, **policy)  # type: ignore[arg-type]
         return
     st = b.statistics()
@@ -122,7 +124,12 @@ def test_nothing_lost_without_realign_or_limit(
     turns: list[TurnRecord], policy: dict[str, object]
 ) -> None:
     """With realignment off and no limit, every trainable output token is trained exactly once."""
-    policy = {**policy, "fork_threshold_tokens": 0, "missing_log_probs": "mask"}
+    policy = {
+        **policy,
+        "fork_threshold_tokens": 0,
+        "missing_log_probs": "mask",
+        "append_only": False,
+    }
     out = build(turns, **policy)
     trainable = sum(
         len(t.output_ids)
@@ -138,7 +145,7 @@ def test_nothing_lost_without_realign_or_limit(
 def test_truncation_is_prefix_of_untruncated(
     turns: list[TurnRecord], policy: dict[str, object], limit: int
 ) -> None:
-    policy = {**policy, "missing_log_probs": "mask"}
+    policy = {**policy, "missing_log_probs": "mask", "append_only": False}
     full = build(turns, keep_untrained=True, **policy)
     if limit > 0:
         cut = build(turns, keep_untrained=True, max_sample_tokens=limit, **policy)
