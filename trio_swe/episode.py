@@ -508,7 +508,12 @@ async def _episode_body(
     result.status = _status_of(outcome)
 
     if build_samples and outcome.turns:
-        builder = SampleBuilder(max_sample_tokens=cfg.max_context_tokens or None)
+        # Agents that keep the token history canonical (the bash agent) get the strict
+        # builder: a turn that is not a clean continuation is a bug to see, not a fork.
+        builder = SampleBuilder(
+            max_sample_tokens=cfg.max_context_tokens or None,
+            append_only=bool(getattr(agent, "append_only", False)),
+        )
         for turn in outcome.turns:
             builder.add(turn)
         result.samples = builder.finish(

@@ -93,6 +93,8 @@ class BashAgent:
     """
 
     name = "bash"
+    #: Its token history is append-only, so the episode builds samples in strict mode.
+    append_only = True
 
     def __init__(
         self,
