@@ -60,7 +60,7 @@ async def test_run_interrupted_then_resumed_loses_nothing(tmp_path: Path) -> Non
     async with open_scripted_policy_server(demo.scripts) as server:
         cmd = [
             TRIO_SWE, "run", str(rows), "--out", str(out), "--no-progress", "--no-network",
-            "--policy-url", server.url, "--concurrency", "4", "--agent-budget", "5",
+            "--policy-url", server.url, "--concurrency", "4", "--agent-budget", "8",
             "--eval-timeout", "60",
         ]  # fmt: skip
         # First run: interrupt it (Ctrl-C) as soon as one episode has finished.

@@ -15,9 +15,9 @@ END = "<|im_end|>"
 
 
 def demo_config(**overrides: object) -> SweConfig:
-    """Budgets for the demo set in tests: a 5 s agent budget makes the slow script time out."""
+    """Budgets for the demo set in tests: an 8 s agent budget makes the slow script time out."""
     values: dict[str, object] = {
-        "agent_time_budget_sec": 5.0,
+        "agent_time_budget_sec": 8.0,
         "eval_timeout_sec": 60.0,
         "setup_timeout_sec": 60.0,
         "guard_headroom_sec": 60.0,
