@@ -149,6 +149,22 @@ class ReplayingSandbox(ProxySandbox):
         await self._twice(lambda: self.sb.write_file(path, data, **kw))
 
 
+class LossySandbox(ProxySandbox):
+    """A transport that loses the output of every other replay-safe ``exec`` (after running it)."""
+
+    def __init__(self, sb: Sandbox) -> None:
+        super().__init__(sb)
+        self.lost = 0
+
+    async def exec(self, cmd: str, **kw: Any) -> ExecResult:
+        result = await self.sb.exec(cmd, **kw)
+        if kw.get("idempotent") and len(self.calls) % 2 == 0:
+            self.lost += 1
+            result = ExecResult(exit_code=0, output="", output_truncated=True)
+        self.calls.append("exec")
+        return result
+
+
 # -- results ------------------------------------------------------------------------------------
 
 
@@ -384,6 +400,22 @@ async def test_replayed_rpcs_run_the_command_once(
         assert await pids_with(sb, token) == []
 
 
+async def test_lost_replies_are_asked_again(backend: Backend, image: Path) -> None:
+    token = new_token()
+    async with sandbox(backend, image) as sb:
+        lossy = LossySandbox(sb)
+        r = await exec_and_wait(
+            lossy,  # type: ignore[arg-type]
+            f"echo run >> /tmp/{token}.count; echo hello; exit 5",
+            time_budget_sec=60,
+            want_output=True,
+        )
+        assert lossy.lost >= 2
+        assert (r.exit_code, r.output) == (5, "hello\n")
+        count = await sb.exec(f"cat /tmp/{token}.count", cwd="/")
+        assert count.output == "run\n"
+
+
 async def test_same_tag_sequential_runs_again_overlap_refused(
     backend: Backend, image: Path
 ) -> None:
@@ -468,6 +500,7 @@ async def test_long_poll_makes_few_rpcs(backend: Backend, image: Path) -> None:
         proxy.calls.clear()
         r = await exec_and_wait(proxy, "sleep 1.5", time_budget_sec=60)  # type: ignore[arg-type]
         assert r.ok
+        assert r.duration_sec < 10  # woken by the command's end, not by the 20 s poll bound
         assert proxy.calls == ["write_file", "exec", "exec", "exec"]
 
 
