@@ -17,7 +17,6 @@ import shlex
 import time
 import uuid
 from collections.abc import Mapping
-from contextlib import AsyncExitStack
 from typing import Any, Literal
 
 import msgspec
@@ -426,6 +425,62 @@ async def run_episode(
         result.boot_retries = booting.retries
 
 
+async def _agent_phase(
+    sb: Sandbox,
+    md: InstanceMetadata,
+    agent: Agent,
+    agent_user: str,
+    cfg: SweConfig,
+    result: EpisodeResult,
+    timings: PhaseTimings,
+    sampling_params: Mapping[str, Any] | None,
+) -> AgentOutcome:
+    """Prepare the workspace, run the agent under its budget, take the patch."""
+    t1 = time.monotonic()
+    base = await _prepare_workspace(sb, md, agent_user, cfg)
+    result.base_commit = base
+    t2 = time.monotonic()
+    timings.setup = t2 - t1
+    task = AgentTask(
+        instance_id=md.instance_id,
+        session_id=result.episode_id,
+        problem_statement=md.problem_statement,
+        workdir=md.workdir,
+        problem_statement_path=f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
+        time_budget_sec=cfg.agent_time_budget_sec,
+        max_context_tokens=cfg.max_context_tokens,
+        sampling_params=dict(sampling_params or {}),
+    )
+    outcome: AgentOutcome | None = None
+    # The agent keeps its own budget and returns its turns; this scope only catches an agent
+    # that ignores it.
+    with trio.move_on_after(cfg.agent_time_budget_sec + AGENT_GRACE_SEC):
+        outcome = await agent.run(sb, task)
+    if outcome is None:
+        outcome = AgentOutcome(exit_code=-1, finish="time_budget")
+    t3 = time.monotonic()
+    timings.agent = t3 - t2
+    timings.agent_commands = outcome.command_sec
+    timings.agent_policy = outcome.policy_sec
+    result.agent_exit_code = outcome.exit_code
+    result.agent_finish = outcome.finish
+    result.n_turns = len(outcome.turns)
+    result.agent_output = outcome.output[-4000:]
+    result.patch = await take_patch(sb, md.workdir, base, agent_user=agent_user)
+    timings.patch = time.monotonic() - t3
+    return outcome
+
+
+async def _grade(
+    backend: _BootingBackend, md: InstanceMetadata, result: EpisodeResult, cfg: SweConfig
+) -> EvalResult:
+    """Grade the patch in a fresh sandbox; its infrastructure failures abort the episode."""
+    try:
+        return await run_evaluation(backend, md, result.patch, timeout_sec=cfg.eval_timeout_sec)
+    except SandboxError as exc:
+        raise _Abort("eval_infrastructure", f"{type(exc).__name__}: {exc}") from exc
+
+
 async def _episode_body(
     md: InstanceMetadata,
     agent: Agent,
@@ -438,68 +493,43 @@ async def _episode_body(
     build_samples: bool,
 ) -> None:
     agent_user = str(getattr(agent, "user", "agent"))
-    async with AsyncExitStack() as stack:
-        t0 = time.monotonic()
-        sb = await stack.enter_async_context(
-            open_sandbox(
-                backend,
-                md.image,
-                workdir=md.workdir,
-                network=network,
-                ttl_sec=cfg.guard_sec,
-                metadata={
-                    "instance_id": md.instance_id[:200],
-                    "episode_id": result.episode_id[:200],
-                },
-            )
-        )
-        t1 = time.monotonic()
-        timings.boot = t1 - t0
-        base = await _prepare_workspace(sb, md, agent_user, cfg)
-        result.base_commit = base
-        t2 = time.monotonic()
-        timings.setup = t2 - t1
+    release = trio.Event()
 
-        task = AgentTask(
-            instance_id=md.instance_id,
-            session_id=result.episode_id,
-            problem_statement=md.problem_statement,
+    async def hold_sandbox(*, task_status: trio.TaskStatus[Sandbox]) -> None:
+        # The episode's nursery owns the agent's sandbox through this task: it lives until
+        # `release` is set (or the episode fails or is cancelled), then is killed here, in the
+        # background, while grading boots its own sandbox.
+        async with open_sandbox(
+            backend,
+            md.image,
             workdir=md.workdir,
-            problem_statement_path=f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
-            time_budget_sec=cfg.agent_time_budget_sec,
-            max_context_tokens=cfg.max_context_tokens,
-            sampling_params=dict(sampling_params or {}),
-        )
-        outcome: AgentOutcome | None = None
-        # The agent keeps its own budget and returns its turns; this scope only catches an
-        # agent that ignores it.
-        with trio.move_on_after(cfg.agent_time_budget_sec + AGENT_GRACE_SEC):
-            outcome = await agent.run(sb, task)
-        if outcome is None:
-            outcome = AgentOutcome(exit_code=-1, finish="time_budget")
-        t3 = time.monotonic()
-        timings.agent = t3 - t2
-        timings.agent_commands = outcome.command_sec
-        timings.agent_policy = outcome.policy_sec
-        result.agent_exit_code = outcome.exit_code
-        result.agent_finish = outcome.finish
-        result.n_turns = len(outcome.turns)
-        result.agent_output = outcome.output[-4000:]
-
-        result.patch = await take_patch(sb, md.workdir, base, agent_user=agent_user)
-        t4 = time.monotonic()
-        timings.patch = t4 - t3
-    t5 = time.monotonic()
-    timings.kill = t5 - t4
+            network=network,
+            ttl_sec=cfg.guard_sec,
+            metadata={"instance_id": md.instance_id[:200], "episode_id": result.episode_id[:200]},
+        ) as sandbox:
+            task_status.started(sandbox)
+            await release.wait()
+            t_kill = time.monotonic()
+        timings.kill = time.monotonic() - t_kill
 
     try:
-        eval_result = await run_evaluation(
-            backend, md, result.patch, timeout_sec=cfg.eval_timeout_sec
-        )
-    except SandboxError as exc:
-        raise _Abort("eval_infrastructure", f"{type(exc).__name__}: {exc}") from exc
+        async with trio.open_nursery() as nursery:
+            t0 = time.monotonic()
+            sb: Sandbox = await nursery.start(hold_sandbox)
+            t1 = time.monotonic()
+            timings.boot = t1 - t0
+            outcome = await _agent_phase(
+                sb, md, agent, agent_user, cfg, result, timings, sampling_params
+            )
+            t4 = time.monotonic()
+            release.set()  # kill the agent's sandbox while grading starts
+            eval_result = await _grade(backend, md, result, cfg)
+            timings.eval = time.monotonic() - t4
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
     t6 = time.monotonic()
-    timings.eval = t6 - t5
     timings.eval_tests = float(eval_result.durations.get("tests", 0.0))
     result.eval_result = eval_result
     if eval_result.infra_failure:
