@@ -105,7 +105,10 @@ async def open_server_in_thread(**server_kw: Any) -> AsyncIterator[ThreadedServe
     try:
         yield threaded
     finally:
-        threaded.token.run_sync_soon(box["stop"].set)
+        try:
+            threaded.token.run_sync_soon(box["stop"].set)
+        except trio.RunFinishedError:
+            pass  # the server died; its error is raised below
         with trio.CancelScope(shield=True):
             await trio.to_thread.run_sync(thread.join)
         if "error" in box:
