@@ -60,6 +60,8 @@ from .grading import (
     run_evaluation,
 )
 # --- e2b (issue 5) ---
+from .sandbox.e2b import E2BBackend
+
 # --- episode / rollout (issue 6) ---
 from . import aio
 from .config import SweConfig
