@@ -504,6 +504,22 @@ async def test_long_poll_makes_few_rpcs(backend: Backend, image: Path) -> None:
         assert proxy.calls == ["write_file", "exec", "exec", "exec"]
 
 
+async def test_background_children_do_not_delay_the_result(backend: Backend, image: Path) -> None:
+    """Daemons a command leaves behind on success keep running (services), and neither they nor
+    their hold on the output file keep the caller waiting."""
+    token = new_token()
+    async with sandbox(backend, image) as sb:
+        r = await exec_and_wait(
+            sb,
+            f"sh -c '{LOOP} # {token}' & echo started; exit 3",
+            time_budget_sec=60,
+            want_output=True,
+        )
+        assert (r.exit_code, r.output) == (3, "started\n")
+        assert r.duration_sec < 10
+        assert len(await pids_with(sb, token)) >= 1
+
+
 async def test_lost_launcher_raises_and_cleans_up(backend: Backend, image: Path) -> None:
     token = new_token()
     async with sandbox(backend, image) as sb:
