@@ -3,7 +3,8 @@
 The baseline is slime's representation, reimplemented here on the same rules: token ids,
 loss mask and log-probs as Python lists, a chunked list common-prefix check per turn, list
 slicing for truncation and ``json.dumps`` of the sample dict. Both sides process the same
-chains of turns in the same run; figures are medians over several runs.
+chains of turns in the same run; figures are medians over several runs of the process's CPU
+time (stable on a shared machine, where wall time measures the other tenants).
 
 Also: ``truncate`` time for a 1k-token vs a 128k-token sample (should not depend on length),
 and msgpack encoding throughput beside a plain ``bytes`` copy of the same buffers (the memory
@@ -28,19 +29,19 @@ from trio_swe.trajectory import Sample
 
 N_SAMPLES = int(os.environ.get("BENCH_TRAJECTORY_SAMPLES", "1000"))
 RUNS = int(os.environ.get("BENCH_TRAJECTORY_RUNS", "5"))
-TURNS = 8  # policy calls per sample
+TURNS = 8  # policy calls per sample (an agent episode); a 1-turn row is printed too
 CHAINS = 4  # distinct chains, cycled (the same inputs for both sides)
 
 ListTurn = tuple[list[int], list[int], list[float]]
 
 
-def make_chain(total: int, rng: random.Random) -> list[ListTurn]:
-    """TURNS turns whose prompts extend the previous prompt+output; ``total`` tokens in all."""
-    per_turn = total // TURNS
+def make_chain(total: int, rng: random.Random, n_turns: int = TURNS) -> list[ListTurn]:
+    """``n_turns`` turns whose prompts extend the previous prompt+output; ``total`` tokens."""
+    per_turn = total // n_turns
     obs, out = per_turn // 2, per_turn - per_turn // 2
     history: list[int] = []
     turns: list[ListTurn] = []
-    for _ in range(TURNS):
+    for _ in range(n_turns):
         prompt = history + [rng.randrange(150_000) for _ in range(obs)]
         output = [rng.randrange(150_000) for _ in range(out)]
         lps = [-rng.random() * 4 for _ in range(out)]
@@ -118,11 +119,16 @@ def to_records(chain: list[ListTurn]) -> list[TurnRecord]:
 
 
 def median_time(fn: Callable[[], object], runs: int) -> float:
+    """Median CPU time of ``fn`` over ``runs`` runs.
+
+    CPU time of this process, not wall time: the benchmark is single-threaded and CPU-bound,
+    and on a shared machine wall time mostly measures the other tenants.
+    """
     times = []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
     return statistics.median(times)
 
 
@@ -130,9 +136,9 @@ def fmt_rate(per_sec: float) -> str:
     return f"{per_sec:>12,.0f}/s"
 
 
-def pipeline(total: int) -> None:
+def pipeline(total: int, n_turns: int) -> None:
     rng = random.Random(total)
-    chains = [make_chain(total, rng) for _ in range(CHAINS)]
+    chains = [make_chain(total, rng, n_turns) for _ in range(CHAINS)]
     records = [to_records(c) for c in chains]
     max_tokens = total * 9 // 10  # every sample is cut (a truncation on both sides)
 
@@ -162,7 +168,8 @@ def pipeline(total: int) -> None:
     t_lists = median_time(run_ours_from_lists, max(1, RUNS // 2))
     t_base = median_time(run_base, 3)
     r_ours, r_lists, r_base = N_SAMPLES / t_ours, N_SAMPLES / t_lists, n_base / t_base
-    print(f"{total // 1024}k-token samples ({TURNS} turns each, cut to {max_tokens}):")
+    turns = f"{n_turns} turn{'s' if n_turns > 1 else ''}"
+    print(f"{total // 1024}k-token samples ({turns} each, cut to {max_tokens}):")
     print(
         f"  lists + json (slime)        {fmt_rate(r_base)}   {1e3 / r_base:8.3f} ms/sample"
         f"   ({n_base} samples per run)"
@@ -198,6 +205,7 @@ def truncation() -> None:
             for _ in range(reps // 100):
                 t[0][:n], t[1][: n - 100], t[2][: n - 100]
 
+        ours()  # warm up (first-touch of the code paths and buffers)
         t_ours = median_time(ours, RUNS) / reps
         t_lists = median_time(lists, RUNS) / (reps // 100)
         results[total] = t_ours
@@ -252,8 +260,8 @@ def encoding() -> None:
 
 def main() -> None:
     print(f"{N_SAMPLES} samples per run, median of {RUNS} runs")
-    for total in (8192, 32768):
-        pipeline(total)
+    for total, n_turns in ((8192, 1), (8192, TURNS), (32768, TURNS)):
+        pipeline(total, n_turns)
     truncation()
     encoding()
 
