@@ -107,7 +107,7 @@ async def _run() -> None:
                             for r in results
                         ],
                         "patch extraction": [r.timings.patch for r in results],
-                        "agent sandbox kill": [r.timings.kill for r in results],
+                        "agent sandbox kill (overlaps grading)": [r.timings.kill for r in results],
                         "grading (minus the test run)": [
                             r.timings.eval - r.timings.eval_tests for r in results
                         ],
