@@ -132,7 +132,7 @@ async def _run() -> None:
     print(f"  overhead / bare baseline (median)      {ratio:>8.2f}x")
     print("  overhead by phase:")
     for name, values in phases.items():
-        print(f"    {name:<36} {statistics.median(values):>8.3f} {_pct(values, 0.95):>8.3f}")
+        print(f"    {name:<38} {statistics.median(values):>8.3f} {_pct(values, 0.95):>8.3f}")
 
 
 def main() -> None:
