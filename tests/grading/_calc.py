@@ -148,6 +148,8 @@ class CalcRepo:
             "source /opt/miniconda3/bin/activate\nconda activate testbed\ncd /testbed\n"
             "git config --global --add safe.directory /testbed\ngit status\n"
             f"git -c core.fileMode=false diff {self.base}\n"
+            "source /opt/miniconda3/bin/activate\nconda activate testbed\n"
+            "python -m pip install -e .\n"  # SWE-bench's re-install; fails here, harmlessly
             f"git checkout {self.base} tests/test_calc.py\n"
             f"git apply -v - <<'{delim}'\n{self.test_patch}\n{delim}\n"
             ": '>>>>> Start Test Output'\n"
