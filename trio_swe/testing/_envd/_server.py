@@ -7,6 +7,7 @@ import logging
 import os
 import ssl
 import tempfile
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -17,6 +18,7 @@ from ..._errors import ConfigError, InvalidArgumentError
 from ...sandbox._protocol import Backend
 from ._app import EnvdApp, FaultHandoff, is_abort
 from ._faults import FaultPlan
+from ._hypercorn import serve_connections
 from ._registry import SandboxRegistry
 
 _log = logging.getLogger("trio_swe.testing")
@@ -60,6 +62,7 @@ class EnvdServer:
         ca: Any | None,
         ca_path: str | None,
         proxy: Any | None,
+        connection_stats: Counter[str] | None = None,
     ) -> None:
         self.api_url = url
         self.sandbox_url = url
@@ -71,6 +74,7 @@ class EnvdServer:
         self._app = app
         self._registry = registry
         self._proxy = proxy
+        self._connections = connection_stats if connection_stats is not None else Counter()
 
     def live_sandbox_ids(self) -> list[str]:
         """Ids of the sandboxes alive now."""
@@ -90,6 +94,8 @@ class EnvdServer:
             "sandboxes_reclaimed": self._registry.reclaimed,
             "processes_running": self._registry.process_count(),
             "faults_injected": dict(self.faults.injected()),
+            "connections": self._connections["connections"],
+            "connection_errors": self._connections["connection_errors"],
         }
         if self._proxy is not None:
             out["proxy"] = self._proxy.statistics()
@@ -203,7 +209,6 @@ async def open_envd_server(
     if host not in ("127.0.0.1", "::1", "localhost"):
         raise InvalidArgumentError(f"the test server binds loopback only, not {host!r}")
     from hypercorn.config import Config
-    from hypercorn.trio import serve
 
     plan = faults if faults is not None else FaultPlan()
     use_proxy = (faults is not None) if fault_proxy is None else fault_proxy
@@ -241,7 +246,6 @@ async def open_envd_server(
                 user_aliases={"user": "agent"} if user_aliases is None else user_aliases,
             )
             config = Config()
-            config.bind = [f"{host}:0"] if ":" not in host else [f"[{host}]:0"]
             config.accesslog = None
             config.errorlog = _hypercorn_log
             config.h2_max_concurrent_streams = max_concurrent_streams
@@ -249,31 +253,28 @@ async def open_envd_server(
             # hypercorn sends GOAWAY after 1000 requests per connection by default; E2B's edge
             # does not, and a GOAWAY must only come from the fault plan.
             config.keep_alive_max_requests = 2**31
-            config.graceful_timeout = 0.5
-            config.backlog = 4096  # bursts of connections from 1,000 sandboxes' clients
             config.include_server_header = False
-            config.alpn_protocols = ["h2", "http/1.1"] if http2 else ["http/1.1"]
-            if tls and not use_proxy:
+            alpn = ["h2", "http/1.1"] if http2 else ["http/1.1"]
+            ssl_ctx = None
+            if tls:
                 assert cert is not None
-                key_path = os.path.join(tmp, "key.pem")
-                cert_path = os.path.join(tmp, "cert.pem")
-                cert.private_key_pem.write_to_path(key_path)
-                cert.cert_chain_pems[0].write_to_path(cert_path)
-                config.certfile = cert_path
-                config.keyfile = key_path
-            binds: list[str] = await nursery.start(serve, app, config)
-            upstream = binds[0]
-            port = int(upstream.rsplit(":", 1)[1])
+                ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+                cert.configure_cert(ssl_ctx)
+                ssl_ctx.set_alpn_protocols(alpn)
+            # A deep backlog: bursts of connections from 1,000 sandboxes' clients.
+            sockets = await trio.open_tcp_listeners(0, host=host, backlog=4096)
+            port = sockets[0].socket.getsockname()[1]
+            listeners: list[trio.abc.Listener[Any]] = list(sockets)
+            if ssl_ctx is not None and not use_proxy:
+                listeners = [
+                    trio.SSLListener(lst, ssl_ctx, https_compatible=True) for lst in sockets
+                ]
+            conn_stats: Counter[str] = Counter()
+            await nursery.start(serve_connections, app, config, listeners, conn_stats)
             proxy = None
             if use_proxy:
                 from ._h2proxy import FaultProxy
 
-                ssl_ctx = None
-                if tls:
-                    assert cert is not None
-                    ssl_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-                    cert.configure_cert(ssl_ctx)
-                    ssl_ctx.set_alpn_protocols(config.alpn_protocols)
                 proxy = FaultProxy(
                     upstream=(host, port), plan=plan, handoff=handoff, ssl_context=ssl_ctx
                 )
@@ -290,6 +291,7 @@ async def open_envd_server(
                 ca=ca if tls else None,
                 ca_path=ca_path,
                 proxy=proxy,
+                connection_stats=conn_stats,
             )
             try:
                 yield server
