@@ -177,3 +177,36 @@ def test_unknown_log_parser_is_flagged() -> None:
         assert (reason or "").startswith("unknown_log_parser")
     else:
         assert reason is None  # 4.x picks the parser by repo and ignores the row's name
+
+
+def test_classic_eval_script_builds_without_network() -> None:
+    """swebench 4.x's make_test_spec fetches flask's requirements.txt from GitHub; ours must not."""
+    if _major() >= 5:
+        pytest.skip("swebench 5.x builds no scripts from repo+version")
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1) to cut the network")
+    code = (
+        "import json, sys\n"
+        "from trio_swe.grading import get_metadata, evaluability_check\n"
+        "from trio_swe.grading._swebench_api import build_test_spec\n"
+        "md = get_metadata(json.load(open(sys.argv[1])), 'swebench')\n"
+        "print('REASON', evaluability_check(md))\n"
+        "print('HAS_TESTS', 'tests/test_config.py' in build_test_spec(md).eval_script)\n"
+    )
+    (row,) = ROWS.glob("swebench_classic__pallets*.json")
+    probe = subprocess.run(["unshare", "--net", "true"], capture_output=True, check=False)
+    if probe.returncode != 0:
+        pytest.skip("cannot create a network namespace here")
+    out = subprocess.run(
+        ["unshare", "--net", sys.executable, "-c", code, str(row)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    assert "REASON None" in out.stdout, out.stderr[-2000:]
+    assert "HAS_TESTS True" in out.stdout
