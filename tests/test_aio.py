@@ -24,6 +24,7 @@ async def _serve_policy(demo: DemoSet, url: asyncio.Future[str]) -> None:
         await trio.sleep_forever()
 
 
+@pytest.mark.slow
 def test_asyncio_program_awaits_ten_episodes_and_cancels_one(tmp_path: Path) -> None:
     demo, mds, backend = build_demo(tmp_path)
     slow_id = next(iter(demo.timeouts))

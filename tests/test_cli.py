@@ -10,6 +10,7 @@ import sys
 from functools import partial
 from pathlib import Path
 
+import pytest
 import trio
 
 from trio_swe.demo import build_demo_set
@@ -32,6 +33,7 @@ def _assert_no_sandboxes(tmp_path: Path) -> None:
     assert sorted(state.glob("sb-*")) == []
 
 
+@pytest.mark.slow
 async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     result = await trio.run_process(
         [TRIO_SWE, "demo", "--no-progress", "--concurrency", "4"],
@@ -52,6 +54,7 @@ def _demo_dirs(tmp_path: Path) -> list[Path]:
     return sorted(tmp_path.glob("trio_swe-demo-*"))
 
 
+@pytest.mark.slow
 async def test_run_interrupted_then_resumed_loses_nothing(tmp_path: Path) -> None:
     demo = build_demo_set(tmp_path / "repos")
     rows = tmp_path / "rows.jsonl"

@@ -18,6 +18,7 @@ from .test_episode_support import (
 )
 
 
+@pytest.mark.slow
 async def test_eight_demo_episodes_four_at_a_time(tmp_path: Path) -> None:
     demo, mds, backend = build_demo(tmp_path)
     assert len(mds) == 8

@@ -51,6 +51,7 @@ async def _serve(demo: DemoSet, port: asyncio.Future[int]) -> None:
         await trio.sleep_forever()
 
 
+@pytest.mark.slow
 def test_generate_returns_slime_samples(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SWE_AGENT_TIME_BUDGET_SEC", "60")
     monkeypatch.setenv("SWE_EVAL_TIMEOUT_SEC", "60")
