@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from trio_swe import EpisodeResult, run_episode, run_rollouts
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy, parse_command
 from trio_swe.grading import InstanceMetadata
