@@ -88,6 +88,31 @@ class _Tally:
         )
 
 
+#: Per-episode rows shown in the summary; larger runs get the aggregate table only.
+SUMMARY_ROWS = 40
+
+
+def _aggregate_table(results: Sequence[EpisodeResult]) -> Table:
+    table = Table(title="summary")
+    for col in ("status", "episodes", "resolved", "mean reward", "mean time", "samples"):
+        table.add_column(col, justify="left" if col == "status" else "right")
+    groups: dict[str, list[EpisodeResult]] = collections.defaultdict(list)
+    for r in results:
+        key = r.status if r.status != "aborted" else f"aborted: {r.abort_reason}"
+        groups[key].append(r)
+    for key in sorted(groups):
+        rs = groups[key]
+        table.add_row(
+            key,
+            str(len(rs)),
+            str(sum(1 for r in rs if r.reward > 0)),
+            f"{sum(r.reward for r in rs) / len(rs):.3f}",
+            f"{sum(r.timings.total for r in rs) / len(rs):.1f}s",
+            str(sum(len(r.samples) for r in rs)),
+        )
+    return table
+
+
 def _summary_table(
     results: Sequence[EpisodeResult], expected: dict[str, float] | None = None
 ) -> Table:
@@ -263,7 +288,9 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                 network=not args.no_network,
                 show_progress=not args.no_progress,
             )
-        console.print(_summary_table(results))
+        if len(results) <= SUMMARY_ROWS:
+            console.print(_summary_table(results))
+        console.print(_aggregate_table(results))
         console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
         return 0
     finally:
