@@ -119,8 +119,10 @@ class SGLangPolicy:
         """
         self.base_url = base_url.rstrip("/")
         self._own_client = client is None
+        # No read or pool timeout by default: a generation may take long, and waiting for a
+        # free connection is bounded by the caller's budget (a cancel scope), not a constant.
         self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(10.0, read=read_timeout_sec),
+            timeout=httpx.Timeout(10.0, read=read_timeout_sec, pool=None),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
         self._headers = dict(headers or {})
