@@ -85,6 +85,18 @@ class ScaleSweProtocol:
         self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
     ) -> EvalResult:
         phases = Phases()
+        result = await self._evaluate(backend, md, patch, timeout_sec, phases)
+        # "total" includes killing the eval sandbox, which happens after the result is made.
+        return msgspec.structs.replace(result, durations=phases.total())
+
+    async def _evaluate(
+        self,
+        backend: Backend,
+        md: InstanceMetadata,
+        patch: str,
+        timeout_sec: float,
+        phases: Phases,
+    ) -> EvalResult:
         reason = self.evaluability_check(md)
         g = md.grading
         if reason is not None or not isinstance(g, ScaleSweGrading):

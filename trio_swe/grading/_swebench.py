@@ -6,6 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
 import trio
 
 from ..sandbox import Backend
@@ -62,6 +63,18 @@ class SweBenchProtocol:
         self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
     ) -> EvalResult:
         phases = Phases()
+        result = await self._evaluate(backend, md, patch, timeout_sec, phases)
+        # "total" includes killing the eval sandbox, which happens after the result is made.
+        return msgspec.structs.replace(result, durations=phases.total())
+
+    async def _evaluate(
+        self,
+        backend: Backend,
+        md: InstanceMetadata,
+        patch: str,
+        timeout_sec: float,
+        phases: Phases,
+    ) -> EvalResult:
         # The first check imports swebench (about a second): keep it off the event loop.
         reason = await trio.to_thread.run_sync(self.evaluability_check, md)
         if reason is not None:
