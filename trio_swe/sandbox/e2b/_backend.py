@@ -185,7 +185,7 @@ class E2BBackend:
         domain: str | None = None
         if self.debug:
             self._created += 1
-            sandbox_id = f"debug-{self._created}"
+            sandbox_id = "debug_sandbox_id"  # the SDK's debug-mode id: one envd, one sandbox
         else:
             rest = self._rest()
             key = uuid.uuid4().hex
