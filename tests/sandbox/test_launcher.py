@@ -169,7 +169,7 @@ def test_make_plan_validates_and_isolates(tmp_path: Path) -> None:
     assert a.tag != b.tag
     assert a.nonce != b.nonce
     assert a.dir != b.dir
-    assert a.dir == f"{L.BASE_DIR}.default/{a.tag}"
+    assert a.dir == f"{L.BASE_DIR}/{a.tag}"
     c = L.make_plan("true", workdir="/w", tag="run", user="agent")
     d = L.make_plan("true", workdir="/w", tag="run", user="agent")
     assert c.dir == d.dir == f"{L.BASE_DIR}.agent/run"

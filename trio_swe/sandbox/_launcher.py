@@ -6,7 +6,8 @@ one call; the ``*_script`` functions build the short POSIX ``sh`` scripts that t
 :func:`parse_marker` read what they print. The scripts can be run on any POSIX host to test them
 (the tests do, with plain subprocesses).
 
-Layout of one call, all inside a private directory ``<base>.<user>/<tag>/``::
+Layout of one call, all inside a private directory ``<base>.<user>/<tag>/`` (``<base>/<tag>/``
+for the backend's default user)::
 
     cmd.<nonce>.sh   the caller's command behind a preamble (cd workdir, export env); written
                      with ``Sandbox.write_file`` so its size is not bounded by argv limits
@@ -35,8 +36,9 @@ import msgspec
 from .._errors import InvalidArgumentError, SandboxError
 from ._validate import check_abs_path, check_env, check_tag, check_user
 
-#: Per-user private directories live under ``<BASE_DIR>.<user>``; per-user so that a directory
-#: created by root never blocks an unprivileged caller (``/tmp`` is sticky and world-writable).
+#: Private directories live under ``<BASE_DIR>.<user>`` (``<BASE_DIR>`` for the default user);
+#: per user so that a directory created by root never blocks an unprivileged caller (``/tmp``
+#: is sticky and world-writable).
 BASE_DIR: Final = "/tmp/.trio_swe"
 #: Environment variable carrying a call's nonce into every process it starts; the kill sweep
 #: finds descendants by it, even ones that called ``setsid`` and daemonized.
@@ -148,6 +150,7 @@ def make_plan(
     for name in clean_env:
         if name == RUN_ENV:
             raise InvalidArgumentError(f"environment variable {RUN_ENV} is reserved")
+    base = check_abs_path(base_dir, what="base_dir")
     nonce = nonce or uuid.uuid4().hex
     check_tag(nonce)
     tag = tag or nonce
@@ -156,7 +159,7 @@ def make_plan(
         nonce=nonce,
         user=user,
         workdir=workdir,
-        dir=f"{check_abs_path(base_dir, what='base_dir')}.{user or 'default'}/{tag}",
+        dir=f"{base}.{user}/{tag}" if user else f"{base}/{tag}",
         command_file=build_command_file(cmd, workdir=workdir, env=clean_env),
     )
 
