@@ -317,6 +317,24 @@ def test_bad_rows_name_the_field(row: dict[str, Any], protocol: str, field: str)
     assert isinstance(err.value, ValueError)
 
 
+@pytest.mark.parametrize("protocol", ["scaleswe", "swebench"])
+def test_pathologically_nested_json_text_is_a_typed_error(protocol: str) -> None:
+    deep = "[" * 100_000
+    with pytest.raises(MetadataError):
+        get_metadata({"metadata": deep}, protocol)
+    with pytest.raises(MetadataError):
+        get_metadata(
+            {
+                "repo": "o/r",
+                "version": "1",
+                "base_commit": "c",
+                "test_patch": "d",
+                "FAIL_TO_PASS": deep,
+            },
+            "swebench",
+        )
+
+
 def test_unknown_protocol_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="known protocols: scaleswe, swebench"):
         get_metadata({}, "nope")

@@ -66,7 +66,7 @@ def _mapping(value: Any, field: str) -> Mapping[str, Any]:
     if isinstance(value, str):
         try:
             decoded = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             decoded = None
         if isinstance(decoded, Mapping):
             return decoded
@@ -121,7 +121,7 @@ def _str_list(value: Any, field: str) -> tuple[str, ...]:
         decoded: Any
         try:
             decoded = json.loads(value)
-        except ValueError:
+        except (ValueError, RecursionError):
             try:
                 decoded = ast.literal_eval(value)
             except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
