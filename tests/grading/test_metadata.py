@@ -266,6 +266,12 @@ def test_metadata_is_a_msgspec_record() -> None:
             "scaleswe",
             "metadata.workdir",
         ),
+        (
+            {"metadata": {"image": "i", "workdir": "//", "eval_cmd": "x"}},
+            "scaleswe",
+            "metadata.workdir",
+        ),
+        ({"image": "i", "workdir": "/a/../etc", "eval_cmd": "x"}, "scaleswe", "workdir"),
         ({"image": "i", "swepro": {"parser_script": "p"}}, "scaleswe", "swepro.run_script_path"),
         (
             {

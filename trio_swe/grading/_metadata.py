@@ -198,9 +198,14 @@ def _workdir(src: _Sources, default: str) -> str:
     if value is None:
         return default
     wd = _str(value, field)
-    if not wd.startswith("/") or any(c in wd for c in "\n\r"):
-        raise MetadataError(field, f"expected an absolute path without newlines, got {wd!r}")
-    return wd.rstrip("/") or "/"
+    if not wd.startswith("/") or any(c in wd for c in "\n\r") or ".." in wd.split("/"):
+        raise MetadataError(
+            field, f"expected an absolute path without newlines or '..', got {wd!r}"
+        )
+    wd = wd.rstrip("/")
+    if not wd:
+        raise MetadataError(field, "the repository cannot live at /")
+    return wd
 
 
 def _image(value: Any, field: str) -> str:
