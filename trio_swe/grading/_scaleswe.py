@@ -108,7 +108,12 @@ class ScaleSweProtocol:
                 detail=reason or "",
             )
         grader = g.grader
-        assets = await _read_swepro_assets(g.swepro) if g.swepro is not None else None
+        try:
+            assets = await _read_swepro_assets(g.swepro) if g.swepro is not None else None
+        except OSError as exc:  # the row's host script vanished or is unreadable
+            return make_result(
+                md, phases, reason=R.UNEVALUABLE, grader=grader, infra=True, detail=str(exc)
+            )
         t_boot = time.monotonic()
         async with open_eval_sandbox(backend, md) as sb:
             phases.durations["boot"] = time.monotonic() - t_boot
