@@ -59,9 +59,12 @@ class H2Client:
 
     async def _flush(self) -> None:
         data = self._conn.data_to_send()
-        if data:
+        if data and not self.closed.is_set():
             async with self._lock:
-                await self._stream.send_all(data)
+                try:
+                    await self._stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass  # the server closed the connection; run() will see it
 
     async def request(
         self, method: str, path: str, headers: Mapping[str, str], body: bytes = b""

@@ -434,3 +434,29 @@ async def test_a_decided_fault_always_happens_even_after_the_reply(
             ends = [e.end for e in events if e.end is not None]
             assert [e.status for e in ends] == ["signal: killed"]  # ...but the signal was sent
         assert server.statistics()["faults_injected"] == {"rst": 2, "no_end": 1}
+
+
+async def test_server_survives_peers_dropping_connections_mid_upload(
+    http: httpx.AsyncClient,
+) -> None:
+    async with open_envd_server(faults=FaultPlan()) as server:
+        sbx = await create(http, server)
+        body = b"x" * 3000  # 20 bodies fit in the initial flow-control window
+        for _ in range(3):
+            server.faults.add(Fault(kind="tcp_close", route="/files", after_sec=0.02, times=1))
+            async with h2_session(server) as (client, _):
+                results = [
+                    await client.request(
+                        "POST",
+                        f"/files?path=/tmp/up{i}",
+                        {**sbx.headers(), "content-type": "application/octet-stream"},
+                        body,
+                    )
+                    for i in range(20)
+                ]
+                with trio.fail_after(30):
+                    await client.closed.wait()
+            assert not all(r.ended for _, r in results)
+        assert server.statistics()["faults_injected"] == {"tcp_close": 3}
+        ok = await http.get(server.sandbox_url + "/health", headers=sbx.headers())
+        assert ok.status_code == 204
