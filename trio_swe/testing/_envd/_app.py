@@ -149,10 +149,14 @@ class EnvdApp:
             if is_abort(exc):
                 raise  # hypercorn drops the HTTP/1.1 connection mid-response
             _log.exception("envd test server: %s %s failed", req.method, req.path)
-            if not req.started:
-                await req.respond_json(500, {"code": 500, "message": f"internal error: {exc}"})
-            elif not req.finished:
-                await req.write(b"", more=False)
+            try:
+                if not req.started:
+                    body = {"code": 500, "message": f"internal error: {exc}"}
+                    await req.respond_json(500, body)
+                elif not req.finished:
+                    await req.write(b"", more=False)
+            except Exception:
+                pass  # the client is gone too; hypercorn cleans up
 
     def _decide(self, req: Request) -> Fault | None:
         marker = req.headers.get(FAULT_HEADER)
