@@ -125,9 +125,8 @@ class SweBenchProtocol:
                 grade = await trio.to_thread.run_sync(
                     _swebench_api.grade_log, spec, md.instance_id, patch, log
                 )
-            except (
-                Exception
-            ) as exc:  # a swebench parser crashing on this log: not the patch's fault
+            except Exception as exc:
+                # A swebench parser crashing on this log: the grader failed, not the patch.
                 return make_result(
                     md,
                     phases,
