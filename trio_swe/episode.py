@@ -283,7 +283,10 @@ async def _prepare_workspace(
             f"printf %s {shlex.quote(md.problem_statement)} > {shlex.quote(statement_path)}"
         )
     if agent_user != "root":
-        steps.append(f"chown -R {shlex.quote(agent_user)}: .")
+        user = shlex.quote(agent_user)
+        # Images without the user (plain E2B templates) get one, as slime's harness does.
+        steps.append(f"(id -u {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user})")
+        steps.append(f"chown -R {user}: .")
     steps.append("git rev-parse HEAD")
     prep = await sb.exec(" && ".join(steps), user="root", timeout=_SHORT_TIMEOUT_SEC)
     lines = prep.output.strip().splitlines()
