@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import random
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -222,3 +224,50 @@ async def test_extra_path_and_ro_binds(image: Path, tmp_path: Path) -> None:
         assert (await sb.exec("mytool")).output == "mytool-ran\n"
         assert (await sb.exec(". /opt/miniconda3/bin/activate")).output == "activated\n"
         assert (await sb.exec("echo x > /opt/miniconda3/bin/activate")).exit_code != 0
+
+
+async def test_tmp_is_shared_sticky_and_agent_writable(image: Path) -> None:
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        assert (await sb.exec("stat -c %a /tmp")).output.strip() == "1777"
+        assert (await sb.exec("mkdir /tmp/mine && touch /tmp/mine/f", user="agent")).ok
+
+
+async def test_sandbox_outlives_idle_worker_threads(image: Path) -> None:
+    """trio forks from worker threads that exit after ~10 s idle; the sandbox must not care."""
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        result = await sb.exec("sleep 12; echo alive", timeout=30)
+        assert result.output == "alive\n"
+
+
+async def test_sandbox_dies_with_its_owner_process(image: Path, tmp_path: Path) -> None:
+    """Even SIGKILL of the owning Python process leaves no sandbox process behind."""
+    marker = f"marker-{uuid.uuid4().hex}"
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import sys, trio\n"
+        "from trio_swe import open_sandbox\n"
+        "from trio_swe.sandbox.local import LocalBackend\n"
+        "async def main():\n"
+        f"    async with open_sandbox(LocalBackend(), {str(image)!r}) as sb:\n"
+        f"        await sb.exec(\"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &\")\n"
+        "        print('up', flush=True)\n"
+        "        await trio.sleep_forever()\n"
+        "trio.run(main)\n"
+    )
+    owner = await trio.lowlevel.open_process([sys.executable, str(script)], stdout=subprocess.PIPE)
+    assert owner.stdout is not None
+    seen = b""
+    while not seen.endswith(b"\n"):
+        seen += await owner.stdout.receive_some(16)
+    assert seen == b"up\n"
+    [daemon] = host_pids_with(marker)
+    daemon_fd = os.pidfd_open(daemon)
+    try:
+        owner.kill()
+        await owner.wait()
+        await owner.stdout.aclose()
+        with trio.fail_after(30):  # a pidfd turns readable when its process exits
+            await trio.lowlevel.wait_readable(daemon_fd)
+    finally:
+        os.close(daemon_fd)
+    assert host_pids_with(marker) == []

@@ -28,7 +28,7 @@ def triples(args: list[str]) -> list[tuple[str, ...]]:
     out: list[tuple[str, ...]] = []
     i = 0
     while i < len(args):
-        if args[i] in ("--dir", "--dev", "--proc", "--tmpfs"):
+        if args[i] in ("--dir", "--dev", "--proc", "--tmpfs", "--perms"):
             out.append((args[i], args[i + 1]))
             i += 2
         else:

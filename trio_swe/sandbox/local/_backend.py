@@ -21,7 +21,7 @@ from .._types import SandboxSpec
 from .._validate import check_abs_path
 from ._image import ImageCache
 from ._rootfs import plan_root_args
-from ._sandbox import LocalSandbox, kill_process_group
+from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
 from ._users import ROOT, group_with, passwd_with, pick_agent_user
 
 WorkspaceMode = Literal["auto", "overlay", "copy"]
@@ -190,7 +190,7 @@ class LocalBackend:
             try:
                 bwrap = await trio.lowlevel.open_process(
                     argv,
-                    stdin=subprocess.DEVNULL,
+                    stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     pass_fds=(info_w,),
@@ -222,6 +222,7 @@ class LocalBackend:
                 if bwrap is not None:
                     kill_process_group(bwrap.pid)
                     await bwrap.wait()
+                    await close_process_streams(bwrap)
                 await trio.to_thread.run_sync(shutil.rmtree, state, True)
             raise
         self._stats["created"] += 1
@@ -273,10 +274,16 @@ class LocalBackend:
         bwrap += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
         if not spec.network:
             bwrap.append("--unshare-net")
-        bwrap += ["--die-with-parent", "--info-fd", "{INFO_FD}", "--chdir", workdir]
-        # The init tells us when the namespaces are fully set up: bwrap's --info-fd is written
-        # before the mounts are, and entering the sandbox earlier would see a half-built root.
-        bwrap += ["/bin/sh", "-c", "echo ready && exec sleep infinity"]
+        bwrap += ["--info-fd", "{INFO_FD}", "--chdir", workdir]
+        # The init says "ready" once the namespaces are fully set up (bwrap's --info-fd is
+        # written before the mounts are), then waits on its stdin: a pipe whose only writer is
+        # this Python process. If we die, even by SIGKILL, the pipe closes and the init kills
+        # every process in the namespace (CAP_KILL, since bwrap drops root's capabilities), after
+        # which bwrap's reaper exits and the namespace is gone. (bwrap's --die-with-parent
+        # cannot do this: trio forks from a worker thread, and the parent-death signal fires
+        # when that *thread* exits.)
+        bwrap += ["--cap-add", "CAP_KILL"]
+        bwrap += ["/bin/sh", "-c", "echo ready; cat >/dev/null; kill -KILL -1"]
 
         path = ":".join([*self._extra_path, os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")])
         base_env = {

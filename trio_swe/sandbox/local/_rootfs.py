@@ -61,7 +61,7 @@ def plan_root_args(
                 args.extend(["--ro-bind", host, host])
 
     expose("/")
-    args.extend(["--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"])
+    args.extend(["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"])
     # Shallow targets first, so a mount nested in another lands on top of it.
     for target in sorted(mounts, key=lambda p: len(PurePosixPath(p).parts)):
         kind, host = mounts[target]

@@ -310,6 +310,7 @@ class LocalSandbox:
                 _kill_pid(self._init_pid)
                 kill_process_group(self._bwrap.pid)
                 await self._bwrap.wait()
+                await close_process_streams(self._bwrap)
                 for proc in list(self._processes):
                     await proc.aclose()
                 await trio.to_thread.run_sync(shutil.rmtree, self._state_dir, True)
@@ -334,3 +335,10 @@ def kill_process_group(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+async def close_process_streams(process: trio.Process) -> None:
+    """Close our ends of a finished process's pipes (the init's lifeline among them)."""
+    for stream in (process.stdin, process.stdout, process.stderr):
+        if stream is not None:
+            await stream.aclose()
