@@ -117,24 +117,12 @@ async def measure(sb: Sandbox, scheme: Scheme, duration: float) -> tuple[float, 
     return woke - ended, counting.rpcs, total
 
 
-async def keep_worker_threads_alive() -> None:
-    """Workaround, local backend as of this writing: bwrap runs with ``--die-with-parent`` and is
-    forked from a trio worker thread (``open_process`` runs Popen in one), so the sandbox is
-    SIGKILLed when that thread idles out after 10 s. Touch every idle worker every second."""
-    while True:
-        async with trio.open_nursery() as n:
-            for _ in range(40):  # trio's default thread limit
-                n.start_soon(trio.to_thread.run_sync, time.sleep, 0.05)
-        await trio.sleep(1)
-
-
 async def run() -> None:
     image = tempfile.mkdtemp(prefix="bench_detached_")
     results: dict[str, list[tuple[float, int, float]]] = {"exec_and_wait": [], "fixed 5 s poll": []}
     noop: dict[str, list[float]] = {"exec_and_wait": [], "fixed 5 s poll": []}
     schemes: dict[str, Scheme] = {"exec_and_wait": ours, "fixed 5 s poll": slime_style}
-    async with trio.open_nursery() as keeper, open_sandbox(LocalBackend(), image) as sb:
-        keeper.start_soon(keep_worker_threads_alive)
+    async with open_sandbox(LocalBackend(), image) as sb:
 
         async def one(name: str, duration: float) -> None:
             results[name].append(await measure(sb, schemes[name], duration))
@@ -155,7 +143,6 @@ async def run() -> None:
             for _ in range(N):
                 for name in schemes:
                     n.start_soon(one_noop, name)
-        keeper.cancel_scope.cancel()
 
     print(
         f"{'scheme':<16}{'wake-up after end (median)':>28}{'max':>10}"

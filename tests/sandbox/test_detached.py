@@ -203,19 +203,7 @@ async def test_exit_codes_and_signals_come_back_exactly(backend: Backend, image:
     assert len({r.tag for r in results.values()}) == len(cases)  # a fresh tag per call
 
 
-async def test_fifty_concurrent_calls_in_ten_sandboxes(
-    backend: Backend, image: Path, request: pytest.FixtureRequest
-) -> None:
-    if request.node.callspec.params.get("backend") == "e2b":
-        # Slow enough under load to hit a local-backend bug the envd test server inherits:
-        # bwrap runs with --die-with-parent, and trio forks it from a worker thread that exits
-        # after 10 idle seconds, which SIGKILLs the sandbox ("local sandbox ... is not running").
-        request.applymarker(
-            pytest.mark.xfail(
-                reason="local sandboxes die when trio's forking worker thread idles out (10 s)",
-                strict=False,
-            )
-        )
+async def test_fifty_concurrent_calls_in_ten_sandboxes(backend: Backend, image: Path) -> None:
     got: dict[tuple[int, int], ExecResult] = {}
 
     async def one_sandbox(i: int) -> None:
@@ -285,11 +273,6 @@ async def test_workdir_env_and_defaults(backend: Backend, image: Path) -> None:
         assert (await sb.exec("test -e /tmp/canary", cwd="/")).exit_code == 1
 
 
-@pytest.mark.xfail(
-    reason="the local backend mounts the sandbox's /tmp with mode 755 (should be 1777), so "
-    "an unprivileged user cannot create its private directory there",
-    strict=False,
-)
 async def test_unprivileged_user(backend: Backend, image: Path) -> None:
     async with sandbox(backend, image) as sb:
         r = await exec_and_wait(sb, "id -un", time_budget_sec=60, user="agent", want_output=True)
