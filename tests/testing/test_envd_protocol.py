@@ -386,3 +386,11 @@ async def test_tls_serves_http2_and_http1(fault_proxy: bool) -> None:
                     client, server.sandbox_url + START, start_body("echo tls"), stream_headers(sbx)
                 )
                 assert out.stdout == b"tls\n"
+
+
+async def test_only_loopback_addresses_are_served() -> None:
+    from trio_swe import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError):
+        async with open_envd_server(host="0.0.0.0"):
+            pass

@@ -197,7 +197,7 @@ async def open_envd_server(
         debug_template: template of the sandbox lazily created for the SDK's debug-mode id
             ``debug_sandbox_id``; ``None`` refuses debug mode.
         max_concurrent_streams: HTTP/2 ``SETTINGS_MAX_CONCURRENT_STREAMS`` (E2B's edge: 100).
-        host: loopback address to bind.
+        host: loopback address to bind (``127.0.0.1`` or ``::1``).
         ca: a ``trustme.CA`` to issue the certificate from (default: a fresh one). Reuse one CA
             per process when the client caches its trust store (the e2b SDK does).
         user_aliases: user names mapped to sandbox users (default ``{"user": "agent"}``: the
@@ -206,7 +206,9 @@ async def open_envd_server(
     Yields:
         The running :class:`EnvdServer`.
     """
-    if host not in ("127.0.0.1", "::1", "localhost"):
+    if host == "localhost":
+        host = "127.0.0.1"  # one address, so every listener shares one port
+    if host not in ("127.0.0.1", "::1"):
         raise InvalidArgumentError(f"the test server binds loopback only, not {host!r}")
     from hypercorn.config import Config
 
