@@ -394,3 +394,27 @@ async def test_only_loopback_addresses_are_served() -> None:
     with pytest.raises(InvalidArgumentError):
         async with open_envd_server(host="0.0.0.0"):
             pass
+
+
+async def test_a_sandbox_that_dies_on_its_own_is_gone(
+    server: EnvdServer, client: httpx.AsyncClient
+) -> None:
+    import os
+    import signal
+
+    sbx = await create(client, server)
+    local = server._registry.get(sbx.id).sandbox  # type: ignore[union-attr]
+    os.kill(local.init_pid, signal.SIGKILL)  # type: ignore[attr-defined]  # lost by its backend
+    with trio.fail_after(20):
+        while local.alive:  # type: ignore[attr-defined]  # noqa: ASYNC110 - backend state
+            await trio.sleep(0.01)
+    out = await stream(client, server.sandbox_url + START, start_body("true"), stream_headers(sbx))
+    assert out.end is None
+    assert out.end_stream is not None
+    assert out.end_stream.error is not None
+    assert out.end_stream.error.code == "unavailable"
+    assert out.end_stream.error.message == "The sandbox was not found"
+    assert server.live_sandbox_ids() == []
+    assert server.statistics()["sandboxes_died"] == 1
+    gone = await client.get(server.sandbox_url + "/health", headers=sbx.headers())
+    assert gone.status_code == 502

@@ -25,7 +25,12 @@ from typing import Any, Final
 import msgspec
 import trio
 
-from ..._errors import InvalidArgumentError, SandboxError, SandboxFileNotFoundError
+from ..._errors import (
+    InvalidArgumentError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxNotRunningError,
+)
 from ...sandbox.e2b import _connect as connect
 from ...sandbox.e2b import _wire as wire
 from ._asgi import ClientGone, Receive, Request, Scope, Send
@@ -371,8 +376,15 @@ class EnvdApp:
                     )
         return entry
 
-    async def _gone(self, req: Request) -> None:
-        await req.body()
+    async def _died(self, entry: SandboxEntry) -> None:
+        """The sandbox died under us (not through the API): it is gone, as on E2B."""
+        _log.warning("sandbox %s died on its own; reclaiming it", entry.id)
+        self.registry.died += 1
+        await self.registry.kill(entry.id)
+
+    async def _gone(self, req: Request, *, read_body: bool = True) -> None:
+        if read_body:
+            await req.body()
         await req.respond_json(
             502,
             {
@@ -440,6 +452,10 @@ class EnvdApp:
             except SandboxFileNotFoundError:
                 await req.respond_json(404, {"code": 404, "message": f"path '{full}' not found"})
                 return
+            except SandboxNotRunningError:
+                await self._died(entry)
+                await self._gone(req, read_body=False)
+                return
             except (InvalidArgumentError, SandboxError) as exc:
                 await req.respond_json(400, {"code": 400, "message": str(exc)})
                 return
@@ -480,6 +496,10 @@ class EnvdApp:
             full = self._abs_path(target, user)
             try:
                 await entry.sandbox.write_file(full, data, user=user)
+            except SandboxNotRunningError:
+                await self._died(entry)
+                await self._gone(req, read_body=False)
+                return
             except (InvalidArgumentError, SandboxError) as exc:
                 await req.respond_json(400, {"code": 400, "message": str(exc)})
                 return
@@ -567,6 +587,9 @@ class EnvdApp:
             args[field] = self._abs_path(value, user)
         try:
             result = await fs_call(entry.host, method, args, user=user, env=entry.env)
+        except SandboxNotRunningError:
+            await self._died(entry)
+            raise _RpcError("unavailable", _GONE_MESSAGE) from None
         except (InvalidArgumentError, SandboxError, OSError) as exc:
             raise _RpcError("internal", str(exc)) from None
         return msgspec.json.encode(result)
@@ -643,6 +666,9 @@ class EnvdApp:
                     )
                 except (InvalidArgumentError, ValueError) as exc:
                     raise _RpcError("invalid_argument", str(exc)) from None
+                except SandboxNotRunningError:
+                    await self._died(entry)
+                    raise _RpcError("unavailable", _GONE_MESSAGE) from None
                 except (SandboxError, OSError) as exc:
                     raise _RpcError("internal", f"cannot start process: {exc}") from None
             else:

@@ -122,6 +122,8 @@ class SandboxRegistry:
         self.killed = 0
         self.reclaimed = 0
         self.create_failures = 0
+        #: Sandboxes found dead on their own (their backend lost them), then reclaimed.
+        self.died = 0
 
     def get(self, sandbox_id: str) -> SandboxEntry | None:
         return self._live.get(sandbox_id)

@@ -92,6 +92,7 @@ class EnvdServer:
             "sandboxes_created": self._registry.created,
             "sandboxes_killed": self._registry.killed,
             "sandboxes_reclaimed": self._registry.reclaimed,
+            "sandboxes_died": self._registry.died,
             "processes_running": self._registry.process_count(),
             "faults_injected": dict(self.faults.injected()),
             "connections": self._connections["connections"],
