@@ -87,11 +87,6 @@ async def test_every_attempt_failing_raises_with_the_log_tail(
         assert "exit=4" in str(info.value)
 
 
-@pytest.mark.xfail(
-    reason="the local backend mounts the sandbox's /tmp with mode 755 (should be 1777), so "
-    "exec_and_wait as the unprivileged agent user cannot create its files there",
-    strict=False,
-)
 async def test_npm_cli_agent_runs_as_the_agent_user_and_keeps_its_output(
     tarball: Path, make_git_repo: object, tmp_path: Path
 ) -> None:
