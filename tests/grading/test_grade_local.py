@@ -229,3 +229,16 @@ async def test_cancellation_leaves_no_sandbox(
     stats = grading_backend.statistics()
     assert stats["created"] == 1
     assert stats["live"] == 0
+
+
+async def test_swepro_parser_writing_junk_is_ungradable(
+    calc: CalcRepo, grading_backend: LocalBackend, tmp_path: Path
+) -> None:
+    row = calc.swepro_row(tmp_path)
+    row.pop("parser_script_path")
+    row["parser_script"] = "import sys\nopen(sys.argv[3], 'w').write('{not json')\n"
+    result = await run_evaluation(
+        grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
+    )
+    assert (result.reward, result.reason, result.grader) == (0.0, "log_ungradable", "swepro")
+    assert "result.json" in result.detail
