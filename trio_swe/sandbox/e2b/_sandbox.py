@@ -246,9 +246,13 @@ class E2BSandbox:
         policy = self._envd.policy
         mode = "start"  # "start": send Start; "attach": Connect by tag; "probe": is it there?
         probe_is_proof = False
-        retry_index = 0
+        retry_index = 0  # consecutive failures without progress
+        attempts = 0
+        history: list[str] = []  # "<mode>:<failure kind>", for the error message
         while True:
             self._stats.attempts += 1
+            attempts += 1
+            progressed = False
             try:
                 msg: msgspec.Struct
                 if mode == "start":
@@ -270,6 +274,7 @@ class E2BSandbox:
                     else:
                         ev = await s.next_event()
                     while ev is not None:
+                        progressed = True
                         if ev.data is not None:
                             out.add(ev.data.stdout or ev.data.stderr or ev.data.pty or b"")
                         elif ev.start is not None:
@@ -288,6 +293,7 @@ class E2BSandbox:
                     return run.end  # the exit code arrived; what broke afterwards is moot
                 failure = classify(exc)
                 self._stats.by_kind[failure.kind] = self._stats.by_kind.get(failure.kind, 0) + 1
+                history.append(f"{mode}:{failure.kind}{'+' if progressed else ''}")
                 if isinstance(exc, _connect.ConnectError):
                     if _gone(exc):
                         raise await self._infra_error(exc, method) from exc
@@ -318,10 +324,14 @@ class E2BSandbox:
                 if mode != "start":
                     self._reattaches += 1
                     run.reattached = run.reattached or run.pid is not None
-                retry_index += 1
-                if retry_index >= policy.max_attempts:
+                # A stream that delivered events made progress: a long command may be re-attached
+                # many times, only consecutive fruitless attempts count (and an overall cap).
+                retry_index = 1 if progressed else retry_index + 1
+                if retry_index >= policy.max_attempts or attempts >= 20 * policy.max_attempts:
                     self._stats.gave_up += 1
-                    raise await self._infra_error(exc, f"{method} after {retry_index} attempts")
+                    raise await self._infra_error(
+                        exc, f"{method} after {attempts} attempts ({', '.join(history[-12:])})"
+                    )
                 self._stats.retries += 1
                 self._retries += 1
                 await trio.sleep(policy.delay(failure, retry_index - 1, self._envd.rng))
