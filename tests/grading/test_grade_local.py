@@ -242,3 +242,17 @@ async def test_swepro_parser_writing_junk_is_ungradable(
     )
     assert (result.reward, result.reason, result.grader) == (0.0, "log_ungradable", "swepro")
     assert "result.json" in result.detail
+
+
+@pytest.mark.swebench
+async def test_swebench_log_larger_than_one_read(
+    calc: CalcRepo, grading_backend: LocalBackend
+) -> None:
+    # 10 MB of test output between the markers: a capped read keeps only the tail and loses
+    # the start marker; the log must be read whole.
+    noise = "head -c 10000000 /dev/zero | tr '\\0' x | fold -w 100\n"
+    start = ": '>>>>> Start Test Output'\n"
+    script = calc.eval_script().replace(start, start + noise)
+    md = get_metadata(calc.swebench_v5_row(eval_script=script), "swebench")
+    result = await run_evaluation(grading_backend, md, calc.gold, timeout_sec=BUDGET_SEC)
+    assert (result.reward, result.reason) == (1.0, "resolved"), result.detail
