@@ -20,7 +20,7 @@ from trio_swe import (
     SandboxNotRunningError,
     open_sandbox,
 )
-from trio_swe.sandbox.local import LocalBackend
+from trio_swe.sandbox.local import LocalBackend, LocalSandbox
 
 from ..conftest import GitRepoFactory, git
 
@@ -271,3 +271,24 @@ async def test_sandbox_dies_with_its_owner_process(image: Path, tmp_path: Path) 
     finally:
         os.close(daemon_fd)
     assert host_pids_with(marker) == []
+
+
+async def test_start_process_streams_and_forgets_closed_processes(image: Path) -> None:
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        assert isinstance(sb, LocalSandbox)
+        for _ in range(5):
+            proc = await sb.start_process(["/bin/sh", "-c", "cat; echo err >&2"], stdin=True)
+            assert proc.stdin is not None
+            assert proc.stdout is not None
+            assert proc.stderr is not None
+            await proc.stdin.send_all(b"ping")
+            await proc.stdin.aclose()
+            assert await proc.stdout.receive_some(100) == b"ping"
+            assert await proc.stderr.receive_some(100) == b"err\n"
+            assert await proc.wait() == 0
+            await proc.aclose()
+        assert sb.statistics()["live_processes"] == 0
+        sleeper = await sb.start_process(["sleep", "1000"])
+        sleeper.send_signal(15)
+        assert await sleeper.wait() == -15
+        await sleeper.aclose()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import trio
 
@@ -40,8 +40,11 @@ class LocalProcess:
         stdin: its input stream when requested, else None.
     """
 
-    def __init__(self, process: trio.Process) -> None:
+    def __init__(
+        self, process: trio.Process, on_close: Callable[[LocalProcess], None] | None = None
+    ) -> None:
         self._process = process
+        self._on_close = on_close
         self.pid: int = process.pid
         self.stdout: trio.abc.ReceiveStream | None = process.stdout
         self.stderr: trio.abc.ReceiveStream | None = process.stderr
@@ -73,6 +76,9 @@ class LocalProcess:
             for stream in (self.stdin, self.stdout, self.stderr):
                 if stream is not None:
                     await stream.aclose()
+        if self._on_close is not None:
+            self._on_close(self)
+            self._on_close = None
 
 
 async def start_local_process(
@@ -81,6 +87,7 @@ async def start_local_process(
     env: Mapping[str, str],
     stdin: bool,
     merge_stderr: bool,
+    on_close: Callable[[LocalProcess], None] | None = None,
 ) -> LocalProcess:
     """Start ``argv`` (an nsenter command) in a session of its own, with pipes."""
     try:
@@ -94,4 +101,4 @@ async def start_local_process(
         )
     except OSError as exc:
         raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
-    return LocalProcess(process)
+    return LocalProcess(process, on_close)

@@ -158,7 +158,11 @@ class LocalSandbox:
             self._init_pid, argv, user=who, cwd=workdir, network_ns=self._own_netns
         )
         proc = await start_local_process(
-            host_argv, env=self._env(who, env), stdin=stdin, merge_stderr=merge_stderr
+            host_argv,
+            env=self._env(who, env),
+            stdin=stdin,
+            merge_stderr=merge_stderr,
+            on_close=self._processes.discard,
         )
         self._stats["processes_started"] += 1
         self._processes.add(proc)
@@ -212,7 +216,6 @@ class LocalSandbox:
                 nursery.cancel_scope.deadline = trio.current_time() + _DRAIN_AFTER_EXIT_SEC
         finally:
             await proc.aclose()
-            self._processes.discard(proc)
         if self._dead.is_set() or not self._init_alive():
             raise SandboxNotRunningError(f"local sandbox {self._id} died while running {argv[:3]}")
         return status, bytes(out), bytes(err), truncated
