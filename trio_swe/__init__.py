@@ -1,9 +1,11 @@
 """trio_swe: coding-agent episodes for RL on software-engineering tasks, on trio.
 
 The public surface is re-exported here; everything else is private (modules starting with ``_``)
-or lives in a documented subpackage (``trio_swe.grading``, ``trio_swe.testing``, ``trio_swe.aio``).
+or lives in a documented subpackage (``trio_swe.grading``, ``trio_swe.testing``,
+``trio_swe.agents``, ``trio_swe.aio``).
 """
 
+from . import aio
 from ._errors import (
     BackendUnavailableError,
     ConfigError,
@@ -16,22 +18,31 @@ from ._errors import (
     SandboxUnreachableError,
     TrioSweError,
 )
-
-# --- sandbox (issue 2) ---
+from .config import SweConfig
+from .episode import EpisodeResult, PhaseTimings, run_episode
+from .grading import (
+    EvalResult,
+    InstanceMetadata,
+    MetadataError,
+    available_protocols,
+    evaluability_check,
+    get_metadata,
+    register_protocol,
+    require_protocol,
+    run_evaluation,
+)
+from .rollout import generate, run_rollouts
 from .sandbox import (
     EXIT_TIME_BUDGET_EXCEEDED,
     Backend,
     ExecResult,
     Sandbox,
     SandboxSpec,
+    exec_and_wait,
     open_sandbox,
 )
-
-# --- sandbox/local (issue 2) ---
-# --- sandbox/detached (issue 2) ---
-from .sandbox import exec_and_wait
-
-# --- trajectory (issue 3) ---
+from .sandbox.e2b import E2BBackend
+from .sandbox.local import LocalBackend
 from .trajectory import (
     BuilderStatistics,
     Sample,
@@ -47,25 +58,54 @@ from .trajectory import (
     write_samples,
 )
 
-# --- grading (issue 4) ---
-from .grading import (
-    EvalResult,
-    InstanceMetadata,
-    MetadataError,
-    available_protocols,
-    evaluability_check,
-    get_metadata,
-    register_protocol,
-    require_protocol,
-    run_evaluation,
-)
-# --- e2b (issue 5) ---
-from .sandbox.e2b import E2BBackend
-
-# --- episode / rollout (issue 6) ---
-from . import aio
-from .config import SweConfig
-from .episode import EpisodeResult, PhaseTimings, run_episode
-from .rollout import generate, run_rollouts
-
 __version__ = "0.1.0"
+
+__all__ = [
+    "EXIT_TIME_BUDGET_EXCEEDED",
+    "Backend",
+    "BackendUnavailableError",
+    "BuilderStatistics",
+    "ConfigError",
+    "DetachedCommandLostError",
+    "E2BBackend",
+    "EpisodeResult",
+    "EvalResult",
+    "ExecResult",
+    "InstanceMetadata",
+    "InvalidArgumentError",
+    "LocalBackend",
+    "MetadataError",
+    "PhaseTimings",
+    "Sample",
+    "SampleBuilder",
+    "SampleDecodeError",
+    "Sandbox",
+    "SandboxBootError",
+    "SandboxError",
+    "SandboxFileNotFoundError",
+    "SandboxNotRunningError",
+    "SandboxSpec",
+    "SandboxUnreachableError",
+    "SweConfig",
+    "TrioSweError",
+    "TurnRecord",
+    "aio",
+    "available_protocols",
+    "decode_sample",
+    "decode_sample_json",
+    "encode_sample",
+    "encode_sample_json",
+    "evaluability_check",
+    "exec_and_wait",
+    "generate",
+    "get_metadata",
+    "open_sandbox",
+    "read_samples",
+    "register_protocol",
+    "require_protocol",
+    "run_episode",
+    "run_evaluation",
+    "run_rollouts",
+    "truncate",
+    "write_samples",
+]
