@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import trio
 
+from trio_swe import SandboxError
 from trio_swe.grading import _swebench_api as sw
 from trio_swe.grading import (
     evaluability_check,
@@ -256,3 +257,15 @@ async def test_swebench_log_larger_than_one_read(
     md = get_metadata(calc.swebench_v5_row(eval_script=script), "swebench")
     result = await run_evaluation(grading_backend, md, calc.gold, timeout_sec=BUDGET_SEC)
     assert (result.reward, result.reason) == (1.0, "resolved"), result.detail
+
+
+async def test_unbootable_image_is_a_sandbox_error(
+    calc: CalcRepo, grading_backend: LocalBackend, tmp_path: Path
+) -> None:
+    # Infrastructure, not a task outcome: raised, never a reward 0.
+    row = calc.scaleswe_f2p_row(image_url=f"{tmp_path / 'no-such-repo'}@HEAD")
+    with pytest.raises(SandboxError):
+        await run_evaluation(
+            grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
+        )
+    assert grading_backend.statistics()["live"] == 0
