@@ -39,6 +39,10 @@ from ._retry import RetryStats, classify
 #: Seconds past ``timeout`` before the client gives up on envd's own deadline kill.
 _DEADLINE_GRACE: Final = 5.0
 DEFAULT_MAX_OUTPUT_BYTES: Final = 1 << 20
+#: Connect codes with which envd refuses a request it understood: not worth a retry.
+_REFUSALS: Final = frozenset(
+    {"invalid_argument", "permission_denied", "unauthenticated", "failed_precondition"}
+)
 
 _SIGNALS: Final[dict[str, int]] = {
     (_signal.strsignal(s) or "").lower(): int(s) for s in _signal.Signals
@@ -309,6 +313,9 @@ class E2BSandbox:
                                 f"and the command is not idempotent: {exc}"
                             ) from exc
                         mode = "start"
+                    elif exc.code in _REFUSALS:
+                        # envd itself refused (bad cwd, unknown user...): not a transport fault.
+                        raise SandboxError(f"sandbox {self._id}: envd refused {method}: {exc}")
                     elif not failure.transient:
                         raise await self._infra_error(exc, method) from exc
                 elif not failure.transient:
