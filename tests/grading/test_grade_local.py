@@ -212,13 +212,6 @@ async def test_binary_patch_is_applied(calc: CalcRepo, grading_backend: LocalBac
     assert (result.reward, result.apply_method) == (1.0, "git_apply"), result.log_tail
 
 
-@pytest.mark.xfail(
-    reason="local backend race (reported): when a cancellation lands while the sandbox's "
-    "init watcher is being cancelled, the next sandbox call raises SandboxNotRunningError "
-    "before reaching a checkpoint, so that error escapes instead of Cancelled; passes whenever "
-    "the cancellation lands inside exec_and_wait, as intended here",
-    strict=False,
-)
 async def test_cancellation_leaves_no_sandbox(
     calc: CalcRepo, grading_backend: LocalBackend
 ) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
 import subprocess
@@ -292,3 +293,14 @@ async def test_start_process_streams_and_forgets_closed_processes(image: Path) -
         sleeper.send_signal(15)
         assert await sleeper.wait() == -15
         await sleeper.aclose()
+
+
+async def test_read_file_returns_large_files_whole(image: Path) -> None:
+    async with open_sandbox(LocalBackend(), str(image)) as sb:
+        await sb.exec(
+            "head -c 9437184 /dev/urandom > /tmp/big && sha256sum /tmp/big > /tmp/big.sum"
+        )
+        data = await sb.read_file("/tmp/big")
+        assert len(data) == 9 * 1024 * 1024
+        expected = (await sb.read_file("/tmp/big.sum")).split()[0].decode()
+        assert hashlib.sha256(data).hexdigest() == expected

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import base64
-import shlex
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Final
 
-from .._errors import SandboxError, SandboxFileNotFoundError
+from .._errors import SandboxFileNotFoundError
 from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, open_sandbox
 from ._patch import apply_script, is_empty_patch, parse_verdict, touched_paths
 from ._result import LOG_TAIL_CHARS, EvalResult, log_tail
@@ -21,10 +19,6 @@ EVAL_DIR: Final = "/tmp/trio_swe_eval"
 APPLY_TIMEOUT_SEC: Final = 120.0
 #: Budget of setup commands (pre_commands, before_repo_set_cmd): they may install packages.
 SETUP_BUDGET_SEC: Final = 600.0
-#: Reads at least this large may have been capped by the backend: read again in chunks.
-READ_CHUNK_BYTES: Final = 4 * 1024 * 1024
-#: The most of one log kept (its tail).
-MAX_LOG_BYTES: Final = 256 * 1024 * 1024
 #: Environment of every grading command: no colours (parsers match plain ``PASSED`` lines).
 PLAIN_ENV: Final[Mapping[str, str]] = {"PY_COLORS": "0", "NO_COLOR": "1", "TERM": "dumb"}
 
@@ -74,40 +68,14 @@ async def run_long(
 
 async def read_text(sb: Sandbox, path: str) -> str:
     """A file from the sandbox as text; ``""`` only if it does not exist (the command never
-    got to write it), never for an infrastructure failure.
-
-    A backend may cap what one ``read_file`` returns (the local backend keeps the last 8 MiB), so
-    a large result is read again in chunks: a SWE-bench log must keep its head, where the start
-    marker is. Files over :data:`MAX_LOG_BYTES` keep their last :data:`MAX_LOG_BYTES`.
+    got to write it), never for an infrastructure failure. Backends return files whole, so a
+    SWE-bench log keeps its head, where the start marker is.
     """
     try:
         data = await sb.read_file(path, user="root")
     except SandboxFileNotFoundError:
         return ""
-    if len(data) >= READ_CHUNK_BYTES:
-        data = await _read_in_chunks(sb, path)
     return data.decode("utf-8", "replace")
-
-
-async def _read_in_chunks(sb: Sandbox, path: str) -> bytes:
-    q = shlex.quote(path)
-    r = await sb.exec(f"wc -c < {q}", user="root", timeout=60)
-    if not r.ok:
-        raise SandboxError(f"cannot size {path}: {r.output.strip()}")
-    size = int(r.output.split()[0])
-    start = max(0, size - MAX_LOG_BYTES)
-    parts: list[bytes] = []
-    for offset in range(start, size, READ_CHUNK_BYTES):
-        n = min(READ_CHUNK_BYTES, size - offset)
-        r = await sb.exec(
-            f"tail -c +{offset + 1} {q} | head -c {n} | base64 | tr -d '\\n'",
-            user="root",
-            timeout=120,
-        )
-        if not r.ok or r.output_truncated:
-            raise SandboxError(f"cannot read {path} at offset {offset}: exit {r.exit_code}")
-        parts.append(base64.b64decode(r.output.strip()))
-    return b"".join(parts)
 
 
 class ApplyOutcome:

@@ -106,10 +106,10 @@ class LocalSandbox:
         return {**self._stats, "live_processes": len(self._processes), "alive": self.alive}
 
     async def _watch_init(self) -> None:
-        try:
-            await self._bwrap.wait()
-        finally:
-            self._dead.set()
+        # Only a real exit marks the sandbox dead: being cancelled (the owner leaving
+        # open_sandbox) must not turn a racing call's Cancelled into SandboxNotRunningError.
+        await self._bwrap.wait()
+        self._dead.set()
 
     # -- processes --------------------------------------------------------------------------
     def _user(self, user: str | None) -> SandboxUser:
@@ -177,6 +177,7 @@ class LocalSandbox:
         cwd: str | None = None,
         data: bytes | None = None,
         merge_stderr: bool = True,
+        max_output: int | None = MAX_EXEC_OUTPUT,
     ) -> tuple[int, bytes, bytes, bool]:
         """Run to completion: (status, stdout, stderr, truncated). Cancel kills the group."""
         proc = await self.start_process(
@@ -193,8 +194,8 @@ class LocalSandbox:
                     return
                 while chunk := await stream.receive_some(65536):
                     buf += chunk
-                    if len(buf) > MAX_EXEC_OUTPUT:
-                        del buf[: len(buf) - MAX_EXEC_OUTPUT]
+                    if max_output is not None and len(buf) > max_output:
+                        del buf[: len(buf) - max_output]
                         truncated = True
 
             async def feed() -> None:
@@ -289,6 +290,7 @@ class LocalSandbox:
             user=user,
             cwd="/",
             merge_stderr=False,
+            max_output=None,  # a file is returned whole or not at all
         )
         if status == _NOT_FOUND_STATUS:
             raise SandboxFileNotFoundError(f"{path}: no such file in sandbox {self._id}")
