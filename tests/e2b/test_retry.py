@@ -6,6 +6,7 @@ import random
 import ssl
 
 import h2.events
+import h2.exceptions
 import httpcore
 import httpx
 import pytest
@@ -65,10 +66,24 @@ def _tls_connect() -> httpx.ConnectError:
         (httpx.PoolTimeout("pool"), "pool_timeout", True, False, False),
         (_tls_connect(), "tls_handshake", True, False, False),
         (
-            httpx.LocalProtocolError("Max outbound streams is 100"),
-            "local_protocol",
+            httpx.LocalProtocolError("Max outbound streams is 100, 100 open"),
+            "too_many_streams",
             True,
             False,
+            True,
+        ),
+        (
+            httpx.LocalProtocolError("Invalid input RECV_HEADERS"),
+            "local_protocol",
+            True,
+            True,
+            True,
+        ),
+        (
+            h2.exceptions.ProtocolError("Error decoding header block"),
+            "h2_protocol",
+            True,
+            True,
             True,
         ),
         (_reset(7), "refused_stream", True, False, False),

@@ -119,6 +119,7 @@ class EnvdClient:
         self.rng = rng
         self.keepalive_interval = keepalive_interval
         self.idle_timeout = keepalive_interval * 2.5 + 1.0
+        self.headers_timeout = max(self.idle_timeout, 15.0)
         self.request_timeout = request_timeout
         self.rpcs = 0
         self.resets = 0
@@ -255,9 +256,10 @@ class EnvdClient:
                     timeout=self._timeout(None),
                 )
                 sent: httpx.Response | None = None
-                # The idle watchdog also bounds the wait for response headers.
+                # Response headers come once envd started the process: give a loaded sandbox
+                # more time than a silent stream gets.
                 with trio.CancelScope(
-                    shield=shield, deadline=trio.current_time() + self.idle_timeout
+                    shield=shield, deadline=trio.current_time() + self.headers_timeout
                 ):
                     sent = await client.send(request, stream=True)
                 if sent is None:

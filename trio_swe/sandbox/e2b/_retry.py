@@ -20,6 +20,7 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
+import h2.exceptions
 import httpx
 import msgspec
 import trio
@@ -120,8 +121,11 @@ _TABLE: Final[list[tuple[str, tuple[type[BaseException], ...], bool, bool, bool]
     ("pool_timeout", (httpx.PoolTimeout,), True, False, False),
     ("connect_timeout", (httpx.ConnectTimeout,), True, False, False),
     ("connect", (httpx.ConnectError,), True, False, False),
-    # h2 refused to open another stream locally ("Max outbound streams"): never sent.
-    ("local_protocol", (httpx.LocalProtocolError,), True, False, True),
+    # httpcore wraps every h2 ProtocolError met while sending or awaiting headers as a
+    # LocalProtocolError; only "Max outbound streams" provably never sent (refined below).
+    ("local_protocol", (httpx.LocalProtocolError,), True, True, True),
+    # A raw h2 error from a response body (bad header block, frames on a closed connection).
+    ("h2_protocol", (h2.exceptions.ProtocolError,), True, True, True),
     # Sent, maybe processed.
     # A silent stream may be a silent connection: put no new streams on it.
     ("stream_idle", (StreamIdleTimeout,), True, True, True),
@@ -158,6 +162,11 @@ def classify(exc: BaseException, *, stream_id: int | None = None) -> Failure:
                 return _protocol_failure(exc, stream_id)  # type: ignore[arg-type]
             if kind == "connect" and _has_cause(exc, (ssl.SSLError,)):
                 return Failure("tls_handshake", True, False)
+            if kind == "local_protocol" and (
+                _has_cause(exc, (h2.exceptions.TooManyStreamsError,))
+                or "max outbound streams" in str(exc).lower()
+            ):
+                return Failure("too_many_streams", True, False, True)
             return Failure(kind, transient, reached, reset)
     return Failure("fatal", False, True)
 

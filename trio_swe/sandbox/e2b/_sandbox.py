@@ -386,7 +386,7 @@ class E2BSandbox:
                 f"chmod {mode:o} {shlex.quote(path)}", user=user, timeout=30, idempotent=True
             )
             if not res.ok:
-                raise SandboxError(f"chmod {mode:o} {path} failed: {res.output.strip()}")
+                raise SandboxError(f"chmod {mode:o} {path} failed: {res!r}")
 
     async def read_file(self, path: str, *, user: str | None = None) -> bytes:
         """The bytes of ``path`` via ``GET /files``.
