@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from typing import Final
+
+import msgspec
 
 from .._errors import SandboxFileNotFoundError
 from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, open_sandbox
@@ -40,6 +42,16 @@ class Phases:
 
     def total(self) -> dict[str, float]:
         return {**self.durations, "total": time.monotonic() - self._t0}
+
+
+async def timed(evaluate: Callable[[Phases], Awaitable[EvalResult]]) -> EvalResult:
+    """Run one grading, recording its phases in ``EvalResult.durations``.
+
+    ``"total"`` includes killing the eval sandbox, which happens after the result is made.
+    """
+    phases = Phases()
+    result = await evaluate(phases)
+    return msgspec.structs.replace(result, durations=phases.total())
 
 
 @asynccontextmanager

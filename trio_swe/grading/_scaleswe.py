@@ -32,6 +32,7 @@ from ._run import (
     open_eval_sandbox,
     read_text,
     run_long,
+    timed,
 )
 from ._types import InstanceMetadata, ScaleSweGrading, SweProSpec
 
@@ -84,10 +85,7 @@ class ScaleSweProtocol:
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
     ) -> EvalResult:
-        phases = Phases()
-        result = await self._evaluate(backend, md, patch, timeout_sec, phases)
-        # "total" includes killing the eval sandbox, which happens after the result is made.
-        return msgspec.structs.replace(result, durations=phases.total())
+        return await timed(lambda phases: self._evaluate(backend, md, patch, timeout_sec, phases))
 
     async def _evaluate(
         self,

@@ -6,7 +6,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import msgspec
 import trio
 
 from ..sandbox import Backend
@@ -23,6 +22,7 @@ from ._run import (
     open_eval_sandbox,
     read_text,
     run_long,
+    timed,
 )
 from ._types import InstanceMetadata, SweBenchGrading
 
@@ -62,10 +62,7 @@ class SweBenchProtocol:
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
     ) -> EvalResult:
-        phases = Phases()
-        result = await self._evaluate(backend, md, patch, timeout_sec, phases)
-        # "total" includes killing the eval sandbox, which happens after the result is made.
-        return msgspec.structs.replace(result, durations=phases.total())
+        return await timed(lambda phases: self._evaluate(backend, md, patch, timeout_sec, phases))
 
     async def _evaluate(
         self,
