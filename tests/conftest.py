@@ -30,6 +30,21 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
         yield b
 
 
+def host_pids_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker`` (scoped to one test's processes)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
 def git(repo: Path, *args: str) -> str:
     """Run git in ``repo`` with a fixed identity; return stdout."""
     env = {

@@ -23,22 +23,7 @@ from trio_swe import (
 )
 from trio_swe.sandbox.local import LocalBackend, LocalSandbox
 
-from ..conftest import GitRepoFactory, git
-
-
-def host_pids_with(marker: str) -> list[int]:
-    """Host pids whose command line contains ``marker`` (scoped to one test's processes)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
+from ..conftest import GitRepoFactory, git, host_pids_with
 
 
 def host_mounts_with(fragment: str) -> list[str]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -27,6 +26,7 @@ from trio_swe.testing import (
 )
 from trio_swe.testing._envd._multipart import MultipartError, parse_multipart
 
+from ..conftest import host_pids_with
 from ._envd_client import Sbx, create, start_body, stream_headers, unary, wait_until
 from ._h2client import H2Client, StreamResult
 
@@ -364,21 +364,8 @@ async def test_server_exit_kills_every_sandbox_and_process(http: httpx.AsyncClie
         ) as r:
             async for _ in r.aiter_bytes():
                 break  # the start event: the process runs
-        assert _marker_pids(marker)
-    assert _marker_pids(marker) == []
-
-
-def _marker_pids(marker: str) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    if marker.encode() in f.read():
-                        found.append(int(entry))
-            except OSError:
-                continue
-    return found
+        assert host_pids_with(marker)
+    assert host_pids_with(marker) == []
 
 
 async def test_a_decided_fault_always_happens_even_after_the_reply(

@@ -20,6 +20,8 @@ import trustme
 
 from trio_swe.testing import EnvdServer, FaultPlan, open_envd_server
 
+from ..conftest import host_pids_with
+
 e2b = pytest.importorskip("e2b")
 
 T = TypeVar("T")
@@ -37,21 +39,6 @@ def params(server: EnvdServer, **extra: Any) -> dict[str, Any]:
         "domain": server.domain,
         **extra,
     }
-
-
-def _marker_pids(marker: str) -> list[int]:
-    """Host pids whose command line holds ``marker`` (this test's processes only)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                if marker.encode() in f.read():
-                    found.append(int(entry))
-        except OSError:
-            continue
-    return found
 
 
 async def test_sdk_create_run_files_background_connect_kill(server: EnvdServer) -> None:
@@ -114,7 +101,7 @@ async def test_sdk_create_run_files_background_connect_kill(server: EnvdServer) 
     assert out["kill"] is True
     assert out["kill_again"] is False
     assert server.live_sandbox_ids() == []
-    assert _marker_pids(marker) == []
+    assert host_pids_with(marker) == []
 
 
 _TLS_SCENARIO = """
@@ -175,7 +162,7 @@ async def test_sdk_command_timeout_kills_the_process(server: EnvdServer) -> None
 
     assert issubclass(await in_thread(scenario), e2b.TimeoutException)
     with trio.fail_after(10):
-        while _marker_pids(marker):  # noqa: ASYNC110 - polls /proc; the kill is asynchronous
+        while host_pids_with(marker):  # noqa: ASYNC110 - polls /proc; the kill is asynchronous
             await trio.sleep(0.05)
 
 
