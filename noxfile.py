@@ -7,44 +7,55 @@ one per swebench major version, because the point is to test against each.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["tests"]
 nox.options.reuse_existing_virtualenvs = True
 
 SRC = ["trio_swe", "tests", "bench", "noxfile.py"]
+# Sessions with python=False use the environment nox itself runs from (.venv after
+# scripts/bootstrap), not whatever `python` comes first on PATH.
+PYTHON = sys.executable
+BIN = Path(sys.executable).parent
+
+
+def tool(name: str) -> str:
+    return str(BIN / name)
 
 
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The default test run (the README's test command)."""
     args = session.posargs or ["-q", "-n", "2", "--maxfail=20"]
-    session.run("python", "-m", "pytest", *args)
+    session.run(PYTHON, "-m", "pytest", *args)
 
 
 @nox.session(python=False)
 def lint(session: nox.Session) -> None:
     """ruff: lint and format check."""
-    session.run("ruff", "check", *SRC)
-    session.run("ruff", "format", "--check", *SRC)
+    session.run(tool("ruff"), "check", *SRC)
+    session.run(tool("ruff"), "format", "--check", *SRC)
 
 
 @nox.session(python=False)
 def typecheck(session: nox.Session) -> None:
     """mypy, strict on the package."""
-    session.run("mypy")
+    session.run(tool("mypy"))
 
 
 @nox.session(python=False)
 def bench(session: nox.Session) -> None:
     """All benchmarks; each prints ratios against a baseline measured in the same run."""
-    session.run("python", "-m", "bench", *session.posargs)
+    session.run(PYTHON, "-m", "bench", *session.posargs)
 
 
 @nox.session(python=False)
 def demo(session: nox.Session) -> None:
     """The bundled demo, end to end on the local backend."""
-    session.run("trio-swe", "demo", *session.posargs)
+    session.run(tool("trio-swe"), "demo", *session.posargs)
 
 
 @nox.session(venv_backend="uv")
