@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import time
+from array import array
 from typing import Any, Final
 
 import trio
@@ -136,7 +137,9 @@ class BashAgent:
         deadline = trio.current_time() + task.time_budget_sec
 
         with trio.CancelScope(deadline=deadline) as budget:
-            ids = self._encode(render_first_prompt(task))
+            # int32 and append-only: each turn's TurnRecord copies it with one memcpy, where a
+            # list would be rebuilt and converted token by token (quadratic over an episode).
+            ids = array("i", self._encode(render_first_prompt(task)))
             for _ in range(self.max_turns):
                 call_params = dict(params)
                 if cap:
@@ -191,10 +194,9 @@ class BashAgent:
                     )
                 transcript.append(observation)
                 tail = "" if text.endswith(IM_END) else IM_END
-                ids = (
-                    ids
-                    + list(out.output_ids)
-                    + self._encode(
+                ids.extend(out.output_ids)
+                ids.extend(
+                    self._encode(
                         f"{tail}\n{IM_START}user\n{observation}{IM_END}\n{ASSISTANT_HEADER}"
                     )
                 )
