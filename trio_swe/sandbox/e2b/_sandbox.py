@@ -313,6 +313,11 @@ class E2BSandbox:
                                 f"and the command is not idempotent: {exc}"
                             ) from exc
                         mode = "start"
+                    elif mode == "start" and _tag_taken(exc):
+                        # An earlier Start of ours arrived after all (the probe raced it): the
+                        # command runs once already; attach to it instead.
+                        mode = "attach"
+                        run.reattached = True
                     elif exc.code in _REFUSALS:
                         # envd itself refused (bad cwd, unknown user...): not a transport fault.
                         raise SandboxError(f"sandbox {self._id}: envd refused {method}: {exc}")
@@ -442,6 +447,16 @@ class E2BSandbox:
             "resets": self._envd.resets,
             "killed": self._killed,
         }
+
+
+def _tag_taken(exc: _connect.ConnectError) -> bool:
+    """envd refused a Start because a running process already carries our tag."""
+    msg = exc.message.lower()
+    return (
+        exc.code in ("already_exists", "invalid_argument")
+        and "tag" in msg
+        and ("already" in msg or "exists" in msg)
+    )
 
 
 def _gone(exc: _connect.ConnectError) -> bool:
