@@ -241,21 +241,27 @@ async def test_sandbox_dies_with_its_owner_process(image: Path, tmp_path: Path) 
         "trio.run(main)\n"
     )
     owner = await trio.lowlevel.open_process([sys.executable, str(script)], stdout=subprocess.PIPE)
-    assert owner.stdout is not None
-    seen = b""
-    while not seen.endswith(b"\n"):
-        seen += await owner.stdout.receive_some(16)
-    assert seen == b"up\n"
-    [daemon] = host_pids_with(marker)
-    daemon_fd = os.pidfd_open(daemon)
     try:
-        owner.kill()
+        assert owner.stdout is not None
+        seen = b""
+        while not seen.endswith(b"\n"):
+            seen += await owner.stdout.receive_some(16)
+        assert seen == b"up\n"
+        [daemon] = host_pids_with(marker)
+        daemon_fd = os.pidfd_open(daemon)
+        try:
+            owner.kill()
+            await owner.wait()
+            with trio.fail_after(30):  # a pidfd turns readable when its process exits
+                await trio.lowlevel.wait_readable(daemon_fd)
+        finally:
+            os.close(daemon_fd)
+    finally:  # never leave the owner (and its sandbox) behind, even when an assert fails
+        if owner.returncode is None:
+            owner.kill()
         await owner.wait()
-        await owner.stdout.aclose()
-        with trio.fail_after(30):  # a pidfd turns readable when its process exits
-            await trio.lowlevel.wait_readable(daemon_fd)
-    finally:
-        os.close(daemon_fd)
+        if owner.stdout is not None:
+            await owner.stdout.aclose()
     assert host_pids_with(marker) == []
 
 

@@ -21,6 +21,11 @@ def plan(mounts: dict[str, tuple[str, str]]) -> list[str]:
         is_symlink=lambda p: p in LINKS,
         readlink=lambda p: LINKS[p],
         is_dir=lambda p: p in TREE,
+        exists=lambda p: (
+            p in TREE
+            or p in LINKS
+            or any(p == f"{d.rstrip('/')}/{n}" for d, names in TREE.items() for n in names)
+        ),
     )
 
 
@@ -47,18 +52,20 @@ def test_host_root_read_only_with_private_proc_dev_tmp() -> None:
     assert got[-1] == ("--bind", "/state/ws", "/testbed")
 
 
-def test_mount_point_inside_a_host_directory_splits_it() -> None:
-    got = triples(
-        plan({"/home/agent": ("bind", "/s/home"), "/etc/passwd": ("ro-bind", "/s/passwd")})
-    )
+def test_new_mount_point_inside_a_host_directory_splits_it() -> None:
+    got = triples(plan({"/home/agent": ("bind", "/s/home")}))
     assert ("--dir", "/home") in got
     assert ("--ro-bind", "/home/alice", "/home/alice") in got
     assert ("--ro-bind", "/home", "/home") not in got
-    assert ("--dir", "/etc") in got
-    assert ("--ro-bind", "/etc/hosts", "/etc/hosts") in got
-    # the host's passwd is replaced by ours, not bound then covered
-    assert ("--ro-bind", "/etc/passwd", "/etc/passwd") not in got
-    assert ("--ro-bind", "/s/passwd", "/etc/passwd") in got
+    assert got[-1] == ("--bind", "/s/home", "/home/agent")
+
+
+def test_mount_over_an_existing_host_path_splits_nothing() -> None:
+    # Every split costs a bind per child; mounting over /etc/passwd needs none.
+    got = triples(plan({"/etc/passwd": ("ro-bind", "/s/passwd")}))
+    assert ("--ro-bind", "/etc", "/etc") in got
+    assert not any(t[0] == "--dir" for t in got)
+    assert got[-1] == ("--ro-bind", "/s/passwd", "/etc/passwd")
 
 
 def test_nested_mounts_are_applied_shallow_first() -> None:

@@ -64,6 +64,11 @@ class LocalBackend:
             file system (``/tmp``); entries of ``extra_path`` and the running interpreter's
             environment (``sys.prefix``) are shown this way too.
         env: environment of every command in every sandbox of this backend.
+        max_concurrent_boots: boots in flight at once; more wait their turn. The kernel
+            serializes mount operations, so a thundering herd of boots is slower than a queue
+            and can push single boots past ``boot_timeout_sec``.
+        boot_timeout_sec: how long one boot may take once started before it fails with
+            :class:`SandboxBootError`.
 
     Raises:
         BackendUnavailableError: on first use, if bubblewrap or util-linux is missing.
@@ -80,7 +85,11 @@ class LocalBackend:
         extra_path: Sequence[str] = (),
         host_paths: Sequence[str] = (),
         env: Mapping[str, str] | None = None,
+        max_concurrent_boots: int = 8,
+        boot_timeout_sec: float = 60.0,
     ) -> None:
+        self._boot_limiter = trio.CapacityLimiter(max_concurrent_boots)
+        self._boot_timeout = boot_timeout_sec
         self._root = Path(state_dir) if state_dir is not None else _default_state_root()
         self._workspace: WorkspaceMode = workspace
         self._ro_binds = {
@@ -162,6 +171,10 @@ class LocalBackend:
     # -- boot -------------------------------------------------------------------------------
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> LocalSandbox:
         """Boot a sandbox; see :func:`trio_swe.open_sandbox`."""
+        async with self._boot_limiter:
+            return await self._boot(spec, nursery)
+
+    async def _boot(self, spec: SandboxSpec, nursery: trio.Nursery) -> LocalSandbox:
         self._check_tools()
         workdir = check_abs_path(spec.workdir, what="workdir")
         if workdir == "/":
@@ -201,7 +214,7 @@ class LocalBackend:
                 )
             finally:
                 os.close(info_w)
-            init_pid = await _read_child_pid(info_r, bwrap)
+            init_pid = await _read_child_pid(info_r, bwrap, self._boot_timeout)
             sandbox = LocalSandbox(
                 sandbox_id=sid,
                 workdir=workdir,
@@ -321,12 +334,13 @@ class LocalBackend:
         return argv, {"root": ROOT, agent.name: agent}, base_env
 
 
-async def _read_child_pid(fd: int, bwrap: trio.Process) -> int:
+async def _read_child_pid(fd: int, bwrap: trio.Process, timeout_sec: float) -> int:
     """Read bwrap's ``--info-fd`` JSON ({"child-pid": N}); fail with its stderr if it died."""
     stream = trio.lowlevel.FdStream(fd)
     data = b""
+    deadline = trio.current_time() + timeout_sec
     try:
-        with trio.move_on_after(30):
+        with trio.move_on_at(deadline):
             while b"}" not in data:
                 chunk = await stream.receive_some(4096)
                 if not chunk:
@@ -336,7 +350,7 @@ async def _read_child_pid(fd: int, bwrap: trio.Process) -> int:
         await stream.aclose()
     ready = b""
     if data and bwrap.stdout is not None:
-        with trio.move_on_after(30):
+        with trio.move_on_at(deadline):
             while b"\n" not in ready:
                 line = await bwrap.stdout.receive_some(64)
                 if not line:
@@ -355,6 +369,8 @@ async def _read_child_pid(fd: int, bwrap: trio.Process) -> int:
                     bwrap.kill()
                 while piece := await bwrap.stderr.receive_some(65536):
                     err += bytes(piece)
+        if trio.current_time() >= deadline:
+            raise SandboxBootError(f"the sandbox was not ready within {timeout_sec:g} s") from None
         raise SandboxBootError(
             f"bubblewrap failed to start the sandbox: {err.decode(errors='replace').strip() or 'no output'}"
         ) from None

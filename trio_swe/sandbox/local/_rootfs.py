@@ -2,9 +2,12 @@
 
 The sandbox sees the host's root read-only (so host tools such as git and python work inside),
 with private ``/tmp``, ``/dev`` and ``/proc``, and a few mounts of its own (the workdir, homes,
-passwd, caller binds). bubblewrap cannot create a mount point inside a read-only bind, so every
-host directory on the way to one of our mount points is *split*: recreated as a directory in
-bwrap's tmpfs root, with each of its host children bound one by one.
+passwd, caller binds). A mount over a path the host already has needs nothing more. But
+bubblewrap cannot *create* a mount point inside a read-only bind, so every host directory on the
+way to a new mount point is *split*: recreated as a directory in bwrap's tmpfs root, with each of
+its host children bound one by one. Splitting only where needed keeps the mount count low, which
+matters: mount operations are serialized by the kernel, so boot throughput falls with every
+extra bind.
 """
 
 from __future__ import annotations
@@ -29,17 +32,21 @@ def plan_root_args(
     is_symlink: Callable[[str], bool] = os.path.islink,
     readlink: Callable[[str], str] = os.readlink,
     is_dir: Callable[[str], bool] = os.path.isdir,
+    exists: Callable[[str], bool] = os.path.lexists,
 ) -> list[str]:
     """bwrap arguments exposing the host root read-only plus ``mounts``.
 
     Args:
         mounts: sandbox path -> (kind, host path), kind one of ``"bind"`` (read-write),
             ``"ro-bind"``. Later entries may live under earlier ones.
-        listdir, is_symlink, readlink, is_dir: file-system queries, injectable for tests.
+        listdir, is_symlink, readlink, is_dir, exists: file-system queries, injectable for tests.
     """
-    # Every existing host directory that is a strict ancestor of a mount point must be split.
+    # A mount point the host lacks must be created, so each existing host directory above it
+    # is split; one the host has (e.g. /etc/passwd) is mounted over as it stands.
     split: set[str] = set()
     for target in mounts:
+        if exists(target) and not is_symlink(target):
+            continue
         for anc in _ancestors(target):
             if is_dir(anc) and not is_symlink(anc):
                 split.add(anc)
@@ -50,7 +57,7 @@ def plan_root_args(
             host = os.path.join(directory, name)
             if directory == "/" and name in _PRIVATE_TOP:
                 continue
-            if host in mounts:
+            if host in mounts and host not in split:
                 continue  # replaced by the mount itself
             if is_symlink(host):
                 args.extend(["--symlink", readlink(host), host])
