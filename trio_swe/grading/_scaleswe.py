@@ -223,26 +223,26 @@ async def _setup(
 
 async def _save_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> str | None:
     """Archive the graded test files (missing ones are skipped); the error output on failure."""
-    if not files:
-        return None
-    quoted = " ".join(shlex.quote(f) for f in files)
-    r = await sb.exec(
-        f"cd {shlex.quote(workdir)} && tar -cf {EVAL_DIR}/graded.tar --ignore-failed-read -- {quoted}",
-        user="root",
-        timeout=APPLY_TIMEOUT_SEC,
+    return await _tar_in_workdir(
+        sb, workdir, files, "tar -cf {archive} --ignore-failed-read -- {files}"
     )
-    return None if r.ok else r.output or f"tar exited with {r.exit_code}"
 
 
 async def _restore_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> str | None:
     """Put the archived graded test files back (and drop ones the patch created)."""
+    return await _tar_in_workdir(sb, workdir, files, "rm -rf -- {files} && tar -xf {archive}")
+
+
+async def _tar_in_workdir(
+    sb: Sandbox, workdir: str, files: tuple[str, ...], template: str
+) -> str | None:
     if not files:
         return None
-    quoted = " ".join(shlex.quote(f) for f in files)
+    command = template.format(
+        archive=f"{EVAL_DIR}/graded.tar", files=" ".join(shlex.quote(f) for f in files)
+    )
     r = await sb.exec(
-        f"cd {shlex.quote(workdir)} && rm -rf -- {quoted} && tar -xf {EVAL_DIR}/graded.tar",
-        user="root",
-        timeout=APPLY_TIMEOUT_SEC,
+        f"cd {shlex.quote(workdir)} && {command}", user="root", timeout=APPLY_TIMEOUT_SEC
     )
     return None if r.ok else r.output or f"tar exited with {r.exit_code}"
 
