@@ -12,7 +12,7 @@ import msgspec
 from .._errors import SandboxFileNotFoundError
 from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, open_sandbox
 from ._patch import apply_script, is_empty_patch, parse_verdict, touched_paths
-from ._result import LOG_TAIL_CHARS, EvalResult, log_tail
+from ._result import LOG_TAIL_CHARS, TESTS_TIMEOUT, EvalResult, log_tail
 from ._types import InstanceMetadata
 
 #: Scratch directory of the grader inside the eval sandbox (outside the repository).
@@ -122,6 +122,30 @@ async def apply_patch(sb: Sandbox, md: InstanceMetadata, patch: str) -> ApplyOut
     if r.reason == "timeout":
         log += f"\n(apply ladder exceeded {APPLY_TIMEOUT_SEC:.0f} s)"
     return ApplyOutcome(applied, rung, log)
+
+
+def timeout_result(
+    md: InstanceMetadata,
+    phases: Phases,
+    *,
+    rung: str | None,
+    grader: str,
+    what: str,
+    timeout_sec: float,
+    log: str,
+    exit_code: int,
+) -> EvalResult:
+    """Reward 0, ``tests_timeout``: ``what`` (the graded command) outlived its budget."""
+    return make_result(
+        md,
+        phases,
+        reason=TESTS_TIMEOUT,
+        rung=rung,
+        grader=grader,
+        detail=f"{what} outlived its {timeout_sec:g} s budget",
+        log=log,
+        exit_code=exit_code,
+    )
 
 
 def make_result(

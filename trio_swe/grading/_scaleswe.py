@@ -33,6 +33,7 @@ from ._run import (
     read_text,
     run_long,
     timed,
+    timeout_result,
 )
 from ._types import InstanceMetadata, ScaleSweGrading, SweProSpec
 
@@ -265,13 +266,13 @@ async def _grade_exit_code(
         )
         log = await read_text(sb, log_path)
     if r.reason == "time_budget":
-        return make_result(
+        return timeout_result(
             md,
             phases,
-            reason=R.TESTS_TIMEOUT,
             rung=rung,
             grader=grader,
-            detail=f"{grader} outlived its {timeout_sec:g} s budget",
+            what=grader,
+            timeout_sec=timeout_sec,
             log=log,
             exit_code=r.exit_code,
         )
@@ -307,13 +308,13 @@ async def _grade_swepro(
         r = await run_long(sb, cmd, budget_sec=timeout_sec, env=PLAIN_ENV)
     stdout = await read_text(sb, out)
     if r.reason == "time_budget":
-        return make_result(
+        return timeout_result(
             md,
             phases,
-            reason=R.TESTS_TIMEOUT,
             rung=rung,
             grader="swepro",
-            detail=f"run_script.sh outlived its {timeout_sec:g} s budget",
+            what="run_script.sh",
+            timeout_sec=timeout_sec,
             log=stdout,
             exit_code=r.exit_code,
         )

@@ -23,6 +23,7 @@ from ._run import (
     read_text,
     run_long,
     timed,
+    timeout_result,
 )
 from ._types import InstanceMetadata, SweBenchGrading
 
@@ -107,13 +108,13 @@ class SweBenchProtocol:
                 )
                 log = await read_text(sb, log_path)
         if run.reason == "time_budget":
-            return make_result(
+            return timeout_result(
                 md,
                 phases,
-                reason=R.TESTS_TIMEOUT,
                 rung=outcome.rung,
                 grader="swebench",
-                detail=f"the eval script outlived its {timeout_sec:g} s budget",
+                what="the eval script",
+                timeout_sec=timeout_sec,
                 log=log,
                 exit_code=run.exit_code,
             )
