@@ -55,8 +55,10 @@ KILL_TIMEOUT_SEC = 30.0
 _WAIT_RPC_SLACK_SEC = 30.0
 #: With ``want_output``, outputs up to this size come back in the wait RPC's reply itself.
 INLINE_OUTPUT_BYTES = 64 * 1024
-#: How often a script whose reply came back without its header is run again.
-_MALFORMED_RETRIES = 2
+#: How often a script whose reply came back without its header is run again (each script is
+#: replay-safe; a stream cut after the process ended loses its output, and under a burst of
+#: faults several cuts in a row happen: the fault matrix saw three).
+_MALFORMED_RETRIES = 5
 #: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
 MAX_POLL_INTERVAL_SEC = 300.0
 
