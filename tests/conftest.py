@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
@@ -15,6 +16,23 @@ from trio_swe.sandbox.local import LocalBackend
 from .backends import BACKENDS
 
 GitRepoFactory = Callable[..., tuple[Path, str]]
+
+
+def _undo_background_job_signals() -> None:
+    """Give SIGINT and SIGQUIT back their defaults when the test run was started as a background job.
+
+    ``sh`` starts ``cmd &`` with both ignored, and an ignored signal stays ignored across fork
+    and exec: every process the tests start would inherit it, so tests that interrupt a child
+    (the CLI's Ctrl-C resume, the launcher's "SIGINT is default" check) would fail for a reason
+    that is not ours. A handled signal is reset to the default on exec.
+    """
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
+_undo_background_job_signals()
 
 
 @pytest.fixture

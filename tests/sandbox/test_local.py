@@ -126,12 +126,15 @@ async def test_kill_removes_daemons_mounts_and_state(image: Path, tmp_path: Path
     state = tmp_path / "state"
     backend = LocalBackend(state_dir=state)
     async with open_sandbox(backend, str(image)) as sb:
+        # `exec -a` names each daemon by the marker; every daemon is one process from fork to
+        # sleep, so no transient forked copy of a shell is ever counted.
         spawn = await sb.exec(
-            f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 & "
-            f"(setsid nohup sh -c 'sleep 1001; : {marker}' </dev/null >/dev/null 2>&1 &) ; echo started"
+            f"setsid bash -c 'exec -a {marker}-a sleep 1000' </dev/null >/dev/null 2>&1 & "
+            f"(setsid nohup bash -c 'exec -a {marker}-b sleep 1001' </dev/null >/dev/null 2>&1 &)"
+            "; echo started"
         )
         assert spawn.output == "started\n"
-        daemons = await sb.exec(f"pgrep -f 'sleep 100[01]; : {marker}' | wc -l")
+        daemons = await sb.exec(f"pgrep -f '^{marker}-[ab]' | wc -l")
         assert daemons.output.strip() == "2"
         assert len(host_pids_with(marker)) == 2
     assert host_pids_with(marker) == []
@@ -161,7 +164,9 @@ async def test_keyboard_interrupt_kills_sandbox(image: Path, tmp_path: Path) -> 
     state = tmp_path / "state"
     with pytest.raises(KeyboardInterrupt):
         async with open_sandbox(LocalBackend(state_dir=state), str(image)) as sb:
-            await sb.exec(f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &")
+            await sb.exec(
+                f"setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &"
+            )
             assert len(host_pids_with(marker)) == 1
             raise KeyboardInterrupt
     assert host_pids_with(marker) == []
@@ -235,7 +240,9 @@ async def test_sandbox_dies_with_its_owner_process(image: Path, tmp_path: Path) 
         "from trio_swe.sandbox.local import LocalBackend\n"
         "async def main():\n"
         f"    async with open_sandbox(LocalBackend(), {str(image)!r}) as sb:\n"
-        f"        await sb.exec(\"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &\")\n"
+        # One process carries the marker from fork to sleep (exec, setsid and exec -a keep the
+        # pid), so the test never catches a transient forked copy of a shell.
+        f"        await sb.exec(\"setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &\")\n"
         "        print('up', flush=True)\n"
         "        await trio.sleep_forever()\n"
         "trio.run(main)\n"
