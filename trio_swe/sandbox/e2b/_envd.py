@@ -66,6 +66,7 @@ class EventStream:
                 env = self._pending.pop(0)
                 if env.end_stream:
                     self.finished = True
+                    await self._drain()
                     err = _connect.end_stream_error(_connect.parse_end_stream(env.payload))
                     if err is not None:
                         raise err
@@ -87,6 +88,20 @@ class EventStream:
             if chunk is None:
                 raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
             self._pending = self._decoder.feed(chunk)
+
+    async def _drain(self) -> None:
+        """Read the body to its end after the end-of-stream message (normally nothing is left).
+
+        A body iterator left suspended is finalized by trio through a system task per async
+        generator in httpx/httpcore's chain, several per stream: reading to EOF costs less
+        client CPU than that. The outcome is already known, so a failure here is ignored.
+        """
+        with trio.move_on_after(self._idle):
+            try:
+                async for _ in self._chunks:
+                    pass
+            except (httpx.TransportError, httpx.StreamError):
+                pass
 
 
 class EnvdClient:
