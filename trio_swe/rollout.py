@@ -12,6 +12,8 @@ it drives the episode through :mod:`trio_swe.aio`.
 from __future__ import annotations
 
 import copy
+import inspect
+import logging
 import math
 import os
 import struct
@@ -32,12 +34,15 @@ from .sandbox import Backend
 from .trajectory import decode_sample, encode_sample
 
 __all__ = [
+    "GENERATE_BACKENDS",
     "ResultsWriter",
     "encode_result",
     "generate",
     "read_results",
     "run_rollouts",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 @asynccontextmanager
@@ -132,34 +137,103 @@ async def run_rollouts(
 
 # --- slime's custom generate ---------------------------------------------------------------
 
-# Agents hold HTTP clients whose connections belong to one trio run: cache them per run.
-_AGENTS: trio.lowlevel.RunVar[dict[tuple[str, str], Agent]] = trio.lowlevel.RunVar(
-    "trio_swe_generate_agents"
+#: The values of ``SWE_BACKEND`` that :func:`generate` accepts.
+GENERATE_BACKENDS: tuple[str, ...] = ("local", "e2b")
+
+_LOCAL_BACKEND: list[Backend] = []  # one LocalBackend per process (not bound to a trio run)
+
+
+def _backend_name(environ: Mapping[str, str] | None = None) -> str:
+    """``SWE_BACKEND`` (default ``local``), checked against :data:`GENERATE_BACKENDS`."""
+    env = os.environ if environ is None else environ
+    name = env.get("SWE_BACKEND", "").strip() or "local"
+    if name not in GENERATE_BACKENDS:
+        raise ConfigError(
+            f"SWE_BACKEND={name!r} is not a backend generate() supports; choose one of "
+            + ", ".join(repr(n) for n in GENERATE_BACKENDS)
+        )
+    return name
+
+
+class _RunShared:
+    """What the generate() calls of one trio run share, closed by the last call out.
+
+    :func:`trio_swe.aio.run` keeps one trio run per asyncio loop while calls are active and ends
+    it when the last one returns. Agents (their policy's HTTP client) and the E2B backend (its
+    HTTP/2 connection pools) are bound to the trio run that opened them, so concurrent calls
+    share them, and the last call out closes them inside that run, before it ends; a later call
+    starts a fresh set in the next run.
+    """
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.agents: dict[tuple[str, str], Agent] = {}
+        self.e2b: Backend | None = None
+
+    def agent(self, config: SweConfig, url: str) -> Agent:
+        key = (config.agent, url)
+        if key not in self.agents:
+            self.agents[key] = create_agent(_with_policy_url(config, url))
+        return self.agents[key]
+
+    def backend(self, name: str) -> Backend:
+        if name == "e2b":
+            if self.e2b is None:
+                from .sandbox.e2b import E2BBackend
+
+                self.e2b = E2BBackend()  # E2B_* and SSL_CERT_FILE from the environment
+            return self.e2b
+        if not _LOCAL_BACKEND:
+            from .sandbox.local import LocalBackend
+
+            _LOCAL_BACKEND.append(LocalBackend())
+        return _LOCAL_BACKEND[0]
+
+    async def aclose(self) -> None:
+        closers = [_closer(agent) for agent in self.agents.values()]
+        closers.append(getattr(self.e2b, "aclose", None))
+        self.agents, self.e2b = {}, None
+        # Shielded and bounded: closing connections must not be skipped by a cancellation.
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + 30.0
+            for close in closers:
+                if close is None:
+                    continue
+                try:
+                    result = close()
+                    if inspect.isawaitable(result):
+                        await result
+                except Exception:  # a broken connection must not fail the sample
+                    logger.warning("closing a generate() resource failed", exc_info=True)
+
+
+def _closer(agent: Agent) -> Callable[[], Any] | None:
+    """The agent's ``aclose``, or its policy's (the bash agent's SGLang client), if any."""
+    close = getattr(agent, "aclose", None)
+    if close is None:
+        close = getattr(getattr(agent, "policy", None), "aclose", None)
+    return close if callable(close) else None
+
+
+_SHARED: trio.lowlevel.RunVar[_RunShared | None] = trio.lowlevel.RunVar(
+    "trio_swe_generate_shared", default=None
 )
-_BACKENDS: dict[str, Backend] = {}
 
 
-def _agent_for(config: SweConfig, url: str) -> Agent:
+@asynccontextmanager
+async def _run_shared() -> AsyncIterator[_RunShared]:
+    shared = _SHARED.get()
+    if shared is None:
+        shared = _RunShared()
+        _SHARED.set(shared)
+    shared.users += 1
     try:
-        agents = _AGENTS.get()
-    except LookupError:
-        agents = {}
-        _AGENTS.set(agents)
-    key = (config.agent, url)
-    if key not in agents:
-        agents[key] = create_agent(_with_policy_url(config, url))
-    return agents[key]
-
-
-def _backend_from_env() -> Backend:
-    name = os.environ.get("SWE_BACKEND", "local").strip() or "local"
-    if name not in _BACKENDS:
-        if name != "local":
-            raise ConfigError(f"SWE_BACKEND={name!r} is not supported by generate(); use 'local'")
-        from .sandbox.local import LocalBackend
-
-        _BACKENDS[name] = LocalBackend()
-    return _BACKENDS[name]
+        yield shared
+    finally:
+        shared.users -= 1
+        if shared.users == 0:
+            _SHARED.set(None)  # a call arriving while this closes starts a fresh set
+            await shared.aclose()
 
 
 def _policy_url(args: Any, config: SweConfig) -> str:
@@ -198,13 +272,22 @@ async def generate(
 
     The protocol is ``SWE_EVAL_PROTOCOL`` when ``evaluation`` else ``SWE_TRAIN_PROTOCOL``; the
     agent is ``SWE_AGENT`` (the bash agent calls SGLang at ``args.sglang_router_ip:port``); the
-    backend is ``SWE_BACKEND`` (``local``). Returns a list of slime samples (copies of
-    ``sample`` with our fields set), or one aborted sample (``remove_sample=True``,
-    ``metadata["abort_reason"]``) for infrastructure failures and unreadable rows. For
-    ``evaluation`` it returns one sample carrying the reward, with ``remove_sample=True``.
+    backend is ``SWE_BACKEND``: ``local``, or ``e2b`` (:class:`~trio_swe.E2BBackend` configured
+    from ``E2B_API_KEY``, ``E2B_API_URL``, ``E2B_SANDBOX_URL``, ``E2B_DOMAIN``, ``SSL_CERT_FILE``;
+    its connections are shared by the calls running at once and closed by the last one out).
+    Returns a list of slime samples (copies of ``sample`` with our fields set), or one aborted
+    sample (``remove_sample=True``, ``metadata["abort_reason"]``) for infrastructure failures
+    and unreadable rows. For ``evaluation`` it returns one sample carrying the reward, with
+    ``remove_sample=True``. Cancelling the awaiting task kills the episode's sandboxes before
+    the cancellation completes.
+
+    Raises:
+        ConfigError: ``SWE_BACKEND`` is not one of :data:`GENERATE_BACKENDS` (checked first, for
+            every sample), another variable is malformed, or the E2B settings are incomplete.
     """
     from . import aio
 
+    backend_name = _backend_name()
     config = SweConfig.from_env()
     protocol = config.protocol_for(evaluation=evaluation)
     try:
@@ -212,19 +295,19 @@ async def generate(
     except MetadataError as exc:
         return [_slime_abort(sample, f"metadata:{exc}", "unknown")]
     url = _policy_url(args, config)
-    backend = _backend_from_env()
     session_id = getattr(sample, "session_id", None) or None
 
     async def episode() -> EpisodeResult:
-        return await run_episode(
-            md,
-            _agent_for(config, url),
-            backend=backend,
-            config=config,
-            episode_id=str(session_id) if session_id else None,
-            sampling_params=sampling_params,
-            build_samples=not evaluation,
-        )
+        async with _run_shared() as shared:
+            return await run_episode(
+                md,
+                shared.agent(config, url),
+                backend=shared.backend(backend_name),
+                config=config,
+                episode_id=str(session_id) if session_id else None,
+                sampling_params=sampling_params,
+                build_samples=not evaluation,
+            )
 
     result = await aio.run(episode)
     if result.status == "aborted":
