@@ -40,8 +40,36 @@ _OVERLAY_THEN_EXEC = (
 )
 
 
+# Host directories every sandbox gets a private, writable copy of (empty at boot): the host's
+# /tmp and root's home are neither shown nor written. Host paths under them that commands need
+# (the running interpreter, ``extra_path``, ``host_paths``) are bound back read-only.
+_PRIVATE_DIRS = ("/tmp", ROOT.home)
+
+
 def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _venv_base(bin_dir: str) -> str | None:
+    """The base interpreter's prefix of the virtualenv whose ``bin`` is ``bin_dir``, if it is one.
+
+    A venv's ``python`` is a symlink into its base installation (e.g. pyenv's under /root), so
+    showing the venv alone would leave that link dangling in the sandbox.
+    """
+    try:
+        cfg = Path(bin_dir).parent.joinpath("pyvenv.cfg").read_text()
+    except OSError:
+        return None
+    for line in cfg.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() == "home" and value.strip():
+            return os.path.dirname(os.path.abspath(value.strip()))
+    return None
+
+
+def _outermost(paths: set[str]) -> list[str]:
+    """``paths`` without those inside another one (one mount shows both)."""
+    return sorted(p for p in paths if not any(q != p and _under(p, q) for q in paths))
 
 
 def _default_state_root() -> Path:
@@ -50,6 +78,11 @@ def _default_state_root() -> Path:
 
 class LocalBackend:
     """Sandboxes on this machine: bubblewrap, own PID/mount/IPC/UTS namespaces.
+
+    The host's root file system is visible read-only, except ``/tmp`` and root's home
+    ``/root``: each sandbox has its own, writable and empty at boot (``/tmp`` a tmpfs, ``/root``
+    a directory in the sandbox's state), removed when it is killed. ``agent`` has its own
+    writable ``/home/agent`` likewise. ``HOME`` is the running user's home.
 
     Args:
         state_dir: where per-sandbox state and cached git checkouts live (default
@@ -60,9 +93,12 @@ class LocalBackend:
         ro_binds: extra read-only mounts, sandbox path -> host path (e.g. shims at
             ``/opt/miniconda3/bin/activate``).
         extra_path: host directories put first on every command's ``PATH`` (e.g. a venv's bin).
-        host_paths: host paths to show at the same place even where the sandbox has its own
-            file system (``/tmp``); entries of ``extra_path`` and the running interpreter's
-            environment (``sys.prefix``) are shown this way too.
+        host_paths: host paths to show (read-only) at the same place even where the sandbox
+            has its own directory (under ``/tmp`` or ``/root``, e.g. ``/root/.cargo``); entries
+            of ``extra_path``, the base interpreters of virtualenvs among them, and the running
+            interpreter (``sys.prefix``, ``sys.base_prefix``) are shown this way too. Each costs
+            one mount per boot. ``"/root"`` itself shows the host's ``/root`` instead of a
+            private one (read-only, as in versions before the private home).
         env: environment of every command in every sandbox of this backend.
         max_concurrent_boots: boots in flight at once; more wait their turn. The kernel
             serializes mount operations, so a thundering herd of boots is slower than a queue
@@ -96,10 +132,14 @@ class LocalBackend:
             check_abs_path(k, what="ro_binds target"): str(v) for k, v in (ro_binds or {}).items()
         }
         self._extra_path = [os.path.abspath(p) for p in extra_path]
-        shown = [*self._extra_path, *(os.path.abspath(p) for p in host_paths), sys.prefix]
-        # Only paths under the sandbox's private /tmp need a mount; the rest of the host root
-        # is visible already.
-        self._tmp_binds = sorted({p for p in shown if _under(p, "/tmp") and os.path.exists(p)})
+        shown = {*self._extra_path, *(os.path.abspath(p) for p in host_paths)}
+        shown |= {sys.prefix, sys.base_prefix}
+        shown |= {base for d in self._extra_path if (base := _venv_base(d)) is not None}
+        # Only paths under a private directory need a mount; the rest of the host root is
+        # visible already. Each costs one mount per boot, so nested ones are shown once.
+        self._host_binds = _outermost(
+            {p for p in shown if any(_under(p, d) for d in _PRIVATE_DIRS) and os.path.exists(p)}
+        )
         self._env = dict(env or {})
         self._images = ImageCache(self._root / "images")
         self._overlay_ok: bool | None = None
@@ -258,6 +298,10 @@ class LocalBackend:
         home = state / "home-agent"
         home.mkdir()
         os.chown(home, agent.uid, agent.gid)
+        # root's own HOME, replacing the host's /root (which the sandbox never sees): tools
+        # write ~/.cache, ~/.config, `git config --global`, `pip install --user` there.
+        root_home = state / "home-root"
+        root_home.mkdir(mode=0o700)
 
         if use_overlay:
             for sub in ("upper", "work", "merged"):
@@ -276,11 +320,14 @@ class LocalBackend:
         mounts: dict[str, tuple[str, str]] = {
             "/etc/passwd": ("ro-bind", str(state / "passwd")),
             "/etc/group": ("ro-bind", str(state / "group")),
+            ROOT.home: ("bind", str(root_home)),
             agent.home: ("bind", str(home)),
             workdir: ("bind", str(workspace)),
         }
-        for path in self._tmp_binds:
-            mounts.setdefault(path, ("ro-bind", path))
+        for path in self._host_binds:
+            # Asked for by name, the host's /root itself replaces the private one (read-only).
+            if path == ROOT.home or path not in mounts:
+                mounts[path] = ("ro-bind", path)
         for target, host in self._ro_binds.items():
             mounts[target] = ("ro-bind", host)
         bwrap = ["bwrap", *plan_root_args(mounts)]
