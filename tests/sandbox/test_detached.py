@@ -279,6 +279,15 @@ async def test_unprivileged_user(backend: Backend, image: Path) -> None:
         assert r.output == "agent\n"
 
 
+async def test_command_file_is_private_to_its_user(backend: Backend, image: Path) -> None:
+    async with sandbox(backend, image) as sb:
+        # The launcher runs the command file as `sh FILE`, so $0 is the file itself.
+        r = await exec_and_wait(
+            sb, 'stat -c "%a %U" "$0"', time_budget_sec=60, user="agent", want_output=True
+        )
+        assert r.output == "600 agent\n"
+
+
 # -- budget and cancellation ----------------------------------------------------------------------
 
 

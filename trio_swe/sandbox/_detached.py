@@ -164,7 +164,8 @@ class _Call:
     async def _spawn(self) -> None:
         plan = self.plan
         self.touched = True
-        await self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user, mode=0o600)
+        # No ``mode``: on E2B that costs a chmod RPC; the spawn script makes the file 0600.
+        await self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user)
         reply = await self._run_script(spawn_script(plan), "spawn", SCRIPT_TIMEOUT_SEC)
         if reply.state in ("started", "replay"):
             return

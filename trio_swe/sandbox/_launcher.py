@@ -204,6 +204,8 @@ printf '%s %s\\n' "$2" "$rc" >done.tmp && mv -f done.tmp done
 
 _SPAWN = """\
 cd @DIR@ 2>/dev/null || { echo TRIO_SWE gone; exit 0; }
+# The command file is private to its user; done here rather than by a separate RPC.
+chmod 600 @CMD@ 2>/dev/null
 command -v setsid >/dev/null 2>&1 || { echo TRIO_SWE nosetsid; exit 0; }
 ( cd @WORKDIR@ ) >/dev/null 2>&1 || { echo TRIO_SWE noworkdir; exit 0; }
 # Serialize with kill scripts: a kill waits for a spawn in progress, or prevents it.
