@@ -220,7 +220,7 @@ def bench_cpu(info: dict[str, str]) -> None:
         f"{s_long * 1e3:10.2f} {o_stream / s_long:7.2f}"
     )
     print(
-        "    (ours: exec_and_wait = write + chmod + spawn + long-poll + cleanup RPCs, or one "
+        "    (ours: exec_and_wait = write + spawn + long-poll + cleanup RPCs, or one "
         "exec stream; SDK: commands.run(timeout=0), one stream)"
     )
     print(f"    failed commands: ours {ERRORS['ours']}, SDK {ERRORS['sdk']}")
