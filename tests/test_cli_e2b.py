@@ -42,7 +42,7 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
         env = {**os.environ, "COLUMNS": "160", "TMPDIR": str(tmp_path), **server.sdk_env()}
         env.pop("E2B_DEBUG", None)
         cmd = [
-            TRIO_SWE, "run", str(dataset), "--backend", "e2b", "--out", str(out),
+            TRIO_SWE, "run", str(dataset), "--out", str(out),
             "--no-progress", "--no-network", "--policy-url", policy.url,
             "--agent-budget", "30", "--eval-timeout", "60",
         ]  # fmt: skip
@@ -53,7 +53,7 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
             proc: trio.Process = await nursery.start(
                 partial(
                     trio.run_process,
-                    [*cmd, "--concurrency", "1"],
+                    [*cmd, "--backend", "e2b", "--concurrency", "1"],
                     env=env,
                     stdout=subprocess.PIPE,
                     check=False,
@@ -74,10 +74,10 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
         finished = [r.instance_id for r in first if r.status != "aborted"]
         assert 1 <= len(finished) < len(PICKED)
 
-        # Second run: the rest, concurrently.
+        # Second run: the rest, concurrently; the backend from SWE_BACKEND this time.
         second = await trio.run_process(
             [*cmd, "--concurrency", "3"],
-            env=env,
+            env={**env, "SWE_BACKEND": "e2b"},
             capture_stdout=True,
             capture_stderr=True,
             check=False,
@@ -87,6 +87,7 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
     text = second.stdout.decode() + second.stderr.decode()
     assert second.returncode == 0, text
     assert f"{len(PICKED) - len(finished)} episodes to run ({len(finished)} already" in text
+    assert "backend e2b" in text
     results, intact = read_results(out)
     assert intact == out.stat().st_size
     done = [r for r in results if r.status != "aborted"]
@@ -99,3 +100,19 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
     assert live == []
     assert stats["sandboxes_created"] == stats["sandboxes_killed"], stats
     assert processes_mentioning(str(state)) == []
+
+
+async def test_run_with_an_unknown_swe_backend_names_the_choices(tmp_path: Path) -> None:
+    dataset = tmp_path / "rows.jsonl"
+    dataset.write_text("")
+    proc = await trio.run_process(
+        [TRIO_SWE, "run", str(dataset), "--out", str(tmp_path / "out.msgpack")],
+        env={**os.environ, "SWE_BACKEND": "docker", "COLUMNS": "160"},
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    text = proc.stdout.decode() + proc.stderr.decode()
+    assert proc.returncode == 2, text
+    assert "SWE_BACKEND='docker'" in text
+    assert "'local', 'e2b'" in text

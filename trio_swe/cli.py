@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import inspect
 import json
 import os
 import shutil
@@ -37,7 +38,7 @@ from .agents._types import Agent
 from .config import SweConfig
 from .episode import EpisodeResult, PhaseTimings
 from .grading import InstanceMetadata, get_metadata
-from .rollout import ResultsWriter, run_rollouts
+from .rollout import GENERATE_BACKENDS, ResultsWriter, _backend_name, _closer, run_rollouts
 from .sandbox import Backend
 
 __all__ = ["main"]
@@ -226,7 +227,8 @@ async def _open_backend(name: str) -> AsyncIterator[Backend]:
         async with E2BBackend() as backend:
             yield backend
     else:
-        raise ConfigError(f"--backend {name!r}: choose 'local' or 'e2b'")
+        choices = ", ".join(repr(n) for n in GENERATE_BACKENDS)
+        raise ConfigError(f"--backend {name!r}: choose one of {choices}")
 
 
 def _config_from_args(args: argparse.Namespace) -> SweConfig:
@@ -245,6 +247,7 @@ def _config_from_args(args: argparse.Namespace) -> SweConfig:
 
 
 async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
+    backend_name = args.backend or _backend_name()  # SWE_BACKEND, checked like generate() does
     config = _config_from_args(args)
     protocol = config.train_protocol
     writer = ResultsWriter(args.out)
@@ -273,21 +276,24 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"{len(mds)} episodes to run ({skipped} already finished in {args.out}, "
             f"{unreadable} unreadable rows), protocol {protocol}, agent {config.agent}, "
-            f"concurrency {args.concurrency}"
+            f"concurrency {args.concurrency}, backend {backend_name}"
         )
         agent = create_agent(config)
-        async with _open_backend(args.backend) as backend:
-            results = await _run_with_progress(
-                console,
-                mds,
-                agent,
-                backend=backend,
-                config=config,
-                concurrency=args.concurrency,
-                writer=writer,
-                network=not args.no_network,
-                show_progress=not args.no_progress,
-            )
+        try:
+            async with _open_backend(backend_name) as backend:
+                results = await _run_with_progress(
+                    console,
+                    mds,
+                    agent,
+                    backend=backend,
+                    config=config,
+                    concurrency=args.concurrency,
+                    writer=writer,
+                    network=not args.no_network,
+                    show_progress=not args.no_progress,
+                )
+        finally:
+            await _close_agent(agent)
         if len(results) <= SUMMARY_ROWS:
             console.print(_summary_table(results))
         console.print(_aggregate_table(results))
@@ -295,6 +301,18 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         return 0
     finally:
         writer.close()
+
+
+async def _close_agent(agent: Agent) -> None:
+    """Close the agent's HTTP client (the bash agent's policy), even on the way out of a cancel."""
+    close = _closer(agent)
+    if close is None:
+        return
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + 10.0
+        result = close()
+        if inspect.isawaitable(result):
+            await result
 
 
 # --- trio-swe demo ---------------------------------------------------------------------------
@@ -387,7 +405,13 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="run one episode per row of a JSONL dataset")
     run.add_argument("instances", help="JSONL file, one dataset row per line")
-    run.add_argument("--backend", default="local", choices=["local", "e2b"])
+    run.add_argument(
+        "--backend",
+        default=None,
+        choices=GENERATE_BACKENDS,
+        help="where sandboxes run (default: SWE_BACKEND or local); e2b reads E2B_API_KEY, "
+        "E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN and SSL_CERT_FILE",
+    )
     run.add_argument("--agent", default=None, help="agent name (default: SWE_AGENT or bash)")
     run.add_argument("--protocol", default=None, help="grading protocol (default: scaleswe)")
     run.add_argument("--policy-url", default=None, help="SGLang server for the bash agent")
