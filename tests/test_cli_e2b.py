@@ -65,6 +65,10 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
                 chunk = await proc.stdout.receive_some()
                 assert chunk, seen.decode()
                 seen += chunk
+            # The second episode's sandbox is up on the server: interrupt now.
+            with trio.fail_after(60):
+                while not server.live_sandbox_ids():  # noqa: ASYNC110 - polls server state
+                    await trio.sleep(0.01)
             proc.send_signal(signal.SIGINT)
             with trio.fail_after(60):
                 await proc.wait()
