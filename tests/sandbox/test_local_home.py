@@ -11,6 +11,7 @@ import pytest
 
 from trio_swe import open_sandbox
 from trio_swe.sandbox.local import LocalBackend
+from trio_swe.sandbox.local._backend import _outermost, _venv_base
 
 from ..conftest import host_pids_with
 
@@ -59,6 +60,9 @@ async def test_root_home_is_writable_private_and_removed_with_the_sandbox(
     async with open_sandbox(backend, str(image)) as a, open_sandbox(backend, str(image)) as b:
         home = await a.exec("echo $HOME; id -un; stat -c %a /root")
         assert home.output == "/root\nroot\n700\n"
+        # One mount at /root, standing in for the host's read-only bind: no extra boot cost.
+        at_root = await a.exec("awk '$5 == \"/root\"' /proc/self/mountinfo | wc -l")
+        assert at_root.output.strip() == "1"
         assert (await a.exec("echo $HOME", user="agent")).output == "/home/agent\n"
         wrote = await a.exec(
             f"mkdir -p ~/.cache && echo {marker} > ~/.cache/x && cat /root/.cache/x"
@@ -116,3 +120,16 @@ async def test_host_paths_under_root_are_shown_read_only(image: Path, tmp_path: 
         for child in probe.iterdir():
             child.unlink()
         probe.rmdir()
+
+
+def test_venv_base_reads_pyvenv_cfg(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    assert _venv_base(str(venv / "bin")) is None
+    (venv / "pyvenv.cfg").write_text("include-system-site-packages = false\nhome = /root/py/bin\n")
+    assert _venv_base(str(venv / "bin")) == "/root/py"
+
+
+def test_outermost_drops_nested_paths() -> None:
+    paths = {"/root/a", "/root/a/b", "/root/ab", "/tmp/x/y", "/tmp/x"}
+    assert _outermost(paths) == ["/root/a", "/root/ab", "/tmp/x"]

@@ -98,7 +98,7 @@ class LocalBackend:
             of ``extra_path``, the base interpreters of virtualenvs among them, and the running
             interpreter (``sys.prefix``, ``sys.base_prefix``) are shown this way too. Each costs
             one mount per boot. ``"/root"`` itself shows the host's ``/root`` instead of a
-            private one (read-only, as in versions before the private home).
+            private one (read-only).
         env: environment of every command in every sandbox of this backend.
         max_concurrent_boots: boots in flight at once; more wait their turn. The kernel
             serializes mount operations, so a thundering herd of boots is slower than a queue
