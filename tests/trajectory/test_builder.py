@@ -7,6 +7,7 @@ where the response region starts, and trained tokens in brackets.
 
 from __future__ import annotations
 
+import array
 import math
 
 import pytest
@@ -399,3 +400,43 @@ def test_bad_add_and_finish_arguments() -> None:
             b.finish(reward=bad)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="metadata"):
         b.finish(reward=1.0, metadata=[("a", 1)])  # type: ignore[arg-type]
+
+
+def test_add_snapshots_shared_buffers() -> None:
+    """A read-only view of a mutable array is shared by the record, not copied; the builder
+    keeps what the turn held when it was added (it defers copying log-probs to finish() only
+    for views over immutable bytes)."""
+    prompt = array.array("i", ids("sys u1"))
+    out = array.array("i", ids("a1 a2"))
+    lps = array.array("f", [-0.5, -0.25])
+    t = TurnRecord(
+        prompt_ids=memoryview(prompt).toreadonly(),
+        output_ids=memoryview(out).toreadonly(),
+        output_log_probs=memoryview(lps).toreadonly(),
+    )
+    assert t.output_log_probs is not None
+    assert t.output_log_probs.obj is lps  # shared, not copied
+    b = SampleBuilder()
+    b.add(t)
+    prompt[0], out[0], lps[0] = 7, 7, -9.0  # the caller writes to its arrays afterwards
+    [s] = b.finish(reward=1.0)
+    assert s.tokens_list() == ids("sys u1 a1 a2")
+    assert s.rollout_log_probs_list() == [-0.5, -0.25]
+
+
+def test_long_runs_grow_the_fill_buffers() -> None:
+    """Mask and log-prob parts are slices of shared 0/1 buffers, grown for a long sample."""
+    n = 300_000
+    lp = array.array("f", [-0.5]) * n
+    t1 = TurnRecord.from_lists(prompt_ids=bytes(12), output_ids=bytes(4 * n), output_log_probs=lp)
+    t2 = TurnRecord.from_lists(
+        prompt_ids=bytes(4 * (3 + 3 * n)), output_ids=bytes(4 * n), ill_formed=True
+    )
+    b = SampleBuilder(missing_log_probs="mask")
+    b.add(t1)
+    b.add(t2)
+    [s] = b.finish(reward=1.0)
+    assert s.response_length == 4 * n
+    mask = s.loss_mask.tobytes()
+    assert mask == b"\x01" * n + bytes(3 * n)
+    assert s.rollout_log_probs.tobytes() == lp.tobytes() + bytes(4 * 3 * n)

@@ -217,3 +217,33 @@ def test_built_samples_roundtrip(turns: list[TurnRecord], limit: int | None) -> 
     for s in build(turns, max_sample_tokens=limit, missing_log_probs="mask"):
         assert decode_sample(encode_sample(s)) == s
         assert decode_sample_json(encode_sample_json(s)) == s
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    turns=chains(),
+    policy=policies,
+    limit=st.integers(min_value=1, max_value=40),
+    keep_untrained=st.booleans(),
+)
+def test_builder_limit_is_truncate_of_unlimited(
+    turns: list[TurnRecord], policy: dict[str, object], limit: int, keep_untrained: bool
+) -> None:
+    """The builder applies the limit before writing the mask and log-probs (the cut tail is
+    never copied): its samples and counters must equal ``truncate`` of the unlimited build."""
+    policy = {**policy, "missing_log_probs": "mask", "append_only": False}
+    full = build(turns, keep_untrained=True, **policy)
+    b = SampleBuilder(max_sample_tokens=limit, keep_untrained=keep_untrained, **policy)  # type: ignore[arg-type]
+    for t in turns:
+        b.add(t)
+    got = b.finish(reward=1.0, metadata={"episode": "e"})
+    want = [truncate(s, limit) for s in full]
+    kept = [s for s in want if keep_untrained or s.num_trained_tokens()]
+    assert got == kept
+    for g, w in zip(got, kept, strict=True):
+        assert list(g.metadata) == list(w.metadata)  # same keys in the same order
+    st_ = b.statistics()
+    assert st_.truncated_samples == sum(len(s.tokens) > limit for s in full)
+    assert st_.dropped_samples == len(want) - len(kept)
+    assert st_.tokens == sum(len(s.tokens) for s in kept)
+    assert st_.trained_tokens == sum(s.num_trained_tokens() for s in kept)

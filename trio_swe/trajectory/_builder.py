@@ -24,14 +24,12 @@ import msgspec
 
 from .._errors import InvalidArgumentError
 from ._buffers import common_prefix_bytes, float_view
-from ._records import Sample, TurnRecord, finite_reward, trusted_sample
-from ._truncate import truncate
+from ._records import Sample, SampleStatus, TurnRecord, finite_reward, trusted_sample
+from ._truncate import cut_point
 
 TurnKind = Literal["start", "clean", "realign", "fork"]
 IllFormedPolicy = Literal["mask", "train"]
 MissingLogProbsPolicy = Literal["error", "mask"]
-
-_ONE = b"\x01"
 
 
 class BuilderStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,9 +67,36 @@ class BuilderStatistics(msgspec.Struct, frozen=True, kw_only=True):
     fork_prefix_tokens: int = 0
 
 
+# Read-only runs of 0 and 1 bytes, sliced for the context and trained parts of the mask and
+# log-prob buffers (grown on demand to the largest sample seen; calloc'd zeros cost no RSS
+# until read).
+_fill: tuple[memoryview, memoryview] = (memoryview(bytes(1 << 14)), memoryview(b"\x01" * 4096))
+
+
+def _fills(n: int) -> tuple[memoryview, memoryview]:
+    """The zero and one views, at least ``4 * n`` and ``n`` bytes long (a float32 and a uint8
+    buffer of ``n`` items)."""
+    global _fill
+    zeros, ones = _fill
+    if 4 * n > len(zeros) or n > len(ones):
+        size = max(n, 2 * len(ones))
+        _fill = zeros, ones = memoryview(bytes(4 * size)), memoryview(b"\x01" * size)
+    return zeros, ones
+
+
+# One output run of a segment: (start in the response region, token count, trained,
+# log-probs as a float32 view or None). Runs are disjoint and in order; the tokens between
+# them are context (loss 0, log-prob 0.0).
+_Run = tuple[int, int, bool, "memoryview | None"]
+
+
 class _Segment:
-    """The growing buffers of one sample (little-endian int32/uint8/float32 in bytearrays) and
-    the counts of the turns placed in it."""
+    """The tokens of one sample (little-endian int32 in a bytearray, held for the prefix
+    checks) and its output runs, from which ``buffers`` writes the mask and log-probs once.
+
+    Keeping runs instead of growing the mask and log-prob buffers turn by turn saves four
+    appends (and their reallocations) per turn: the hot path of the builder.
+    """
 
     __slots__ = (
         "finish_reason",
@@ -79,36 +104,32 @@ class _Segment:
         "ill_formed",
         "kinds",
         "last_response_start",
-        "log_probs",
-        "mask",
         "masked",
         "prompt_len",
+        "runs",
         "tokens",
-        "trained",
     )
 
     def __init__(self, prompt: memoryview, *, forked: bool) -> None:
         self.tokens = bytearray(prompt)
         self.prompt_len = len(prompt)  # in tokens; the response region starts here
-        self.mask = bytearray()  # response region only
-        self.log_probs = bytearray()  # response region only, 4 bytes per token
+        self.runs: list[_Run] = []
         self.last_response_start = self.prompt_len
         self.fork_prefix = self.prompt_len if forked else 0
         self.kinds: list[TurnKind] = []
         self.ill_formed = 0
         self.masked = 0
-        self.trained = 0  # loss-1 entries in mask, kept up to date (no pass over the mask)
         self.finish_reason = ""
 
     def place(self, prompt: memoryview, out_len: int, threshold: int) -> tuple[TurnKind, int]:
         """The kind of a turn with this prompt and output length, and the common prefix length
         of the held tokens and the prompt (in tokens)."""
         held = self.tokens
-        pb = prompt.cast("B")
-        n = len(held)
-        if len(pb) >= n and held.startswith(pb[:n]):  # one memcmp: the common case
-            return "clean", n >> 2
-        lcp = common_prefix_bytes(held, pb) >> 2
+        n = len(held) >> 2
+        # One memcmp: the common case. (startswith reads the int32 view's raw bytes.)
+        if len(prompt) >= n and held.startswith(prompt[:n]):
+            return "clean", n
+        lcp = common_prefix_bytes(held, prompt.cast("B")) >> 2
         if lcp >= self.last_response_start and out_len < threshold:
             return "realign", lcp
         return "fork", lcp
@@ -116,23 +137,47 @@ class _Segment:
     def cut(self, n_tokens: int) -> None:
         """Drop every held token from index ``n_tokens`` on (inside the response region)."""
         r = n_tokens - self.prompt_len
-        self.trained -= self.mask.count(1, r)  # a pass over the cut tail only
+        runs = self.runs
+        while runs and runs[-1][0] >= r:
+            runs.pop()
+        if runs:
+            start, n, trained, lp = runs[-1]
+            keep = r - start
+            if keep < n:
+                runs[-1] = (start, keep, trained, None if lp is None else lp[:keep])
         del self.tokens[n_tokens * 4 :]
-        del self.mask[r:]
-        del self.log_probs[r * 4 :]
 
-    def to_sample(self, reward: float, metadata: dict[str, Any]) -> Sample:
-        # Views of the bytearrays, which this segment never touches again. Valid by
-        # construction (the property tests decode every built sample through the checks).
-        return trusted_sample(
-            tokens=memoryview(self.tokens).cast("i").toreadonly(),
-            loss_mask=memoryview(self.mask).toreadonly(),
-            rollout_log_probs=float_view(memoryview(self.log_probs).cast("f").toreadonly()),
-            response_length=len(self.mask),
-            reward=reward,
-            status="truncated" if self.finish_reason == "length" else "completed",
-            metadata=metadata,
-        )
+    def buffers(self, size: int) -> tuple[bytes, bytes, int]:
+        """The first ``size`` entries of the response region's mask (uint8) and log-probs
+        (float32 bytes), and the number of trained tokens among them.
+
+        The runs and the context between them are joined: each byte is copied once, and none
+        past ``size`` (what a truncation drops is never written).
+        """
+        zeros, ones = _fills(size)  # long enough for any part of either buffer
+        mask: list[memoryview] = []
+        log_probs: list[memoryview] = []
+        pos = trained = 0
+        for start, n, is_trained, lp in self.runs:
+            if start >= size:
+                break
+            if start > pos:  # context
+                mask.append(zeros[: start - pos])
+                log_probs.append(zeros[: 4 * (start - pos)])
+            if start + n > size:  # the run is cut by a truncation
+                n = size - start
+                lp = None if lp is None else lp[:n]
+            if is_trained:
+                mask.append(ones[:n])
+                trained += n
+            else:
+                mask.append(zeros[:n])
+            log_probs.append(zeros[: 4 * n] if lp is None else lp)
+            pos = start + n
+        if size > pos:
+            mask.append(zeros[: size - pos])
+            log_probs.append(zeros[: 4 * (size - pos)])
+        return b"".join(mask), b"".join(log_probs), trained
 
 
 class SampleBuilder:
@@ -231,13 +276,14 @@ class SampleBuilder:
                 without log-probs and ``missing_log_probs="error"``; or it is not clean and
                 ``append_only`` (the builder is unchanged).
         """
-        # The hot path of the builder: a memcmp and a few appends per turn, kept inline.
-        if not isinstance(turn, TurnRecord):
+        # The hot path of the builder: one memcmp and two appends per turn, kept inline.
+        if type(turn) is not TurnRecord and not isinstance(turn, TurnRecord):
             raise InvalidArgumentError(f"add() takes a TurnRecord, not {type(turn).__name__}")
         out = turn.output_ids
         lp = turn.output_log_probs
         n_out = len(out)
-        trained = not (turn.ill_formed and self._mask_ill_formed)
+        ill_formed = turn.ill_formed
+        trained = not (ill_formed and self._mask_ill_formed)
         masked = not trained
         if trained and lp is None and n_out:
             if self._error_on_missing:
@@ -252,36 +298,42 @@ class SampleBuilder:
         if seg is None:
             kind: TurnKind = "start"
             seg = self._current = _Segment(prompt, forked=False)
+            held = seg.tokens
         else:
-            kind, lcp = seg.place(prompt, n_out, self.fork_threshold_tokens)
-            if kind != "clean" and self.append_only:
-                raise InvalidArgumentError(
-                    f"turn {self._turns_in_chain()} is not append-only: its prompt differs "
-                    f"from the held tokens at token {lcp} of {len(seg.tokens) >> 2}"
-                )
-            if kind == "fork":
-                self._closed.append(seg)
-                seg = self._current = _Segment(prompt, forked=True)
+            held = seg.tokens
+            n = len(held) >> 2
+            # The common case inline (what place() checks first): the held tokens are a
+            # prefix of the prompt, one memcmp over the raw int32 bytes.
+            if len(prompt) >= n and held.startswith(prompt[:n]):
+                kind = "clean"
+                if len(prompt) > n:
+                    held += prompt[n:]  # the prompt's new part: context
             else:
-                if kind == "realign":
+                kind, lcp = seg.place(prompt, n_out, self.fork_threshold_tokens)
+                if self.append_only:
+                    raise InvalidArgumentError(
+                        f"turn {self._turns_in_chain()} is not append-only: its prompt differs "
+                        f"from the held tokens at token {lcp} of {n}"
+                    )
+                if kind == "fork":
+                    self._closed.append(seg)
+                    seg = self._current = _Segment(prompt, forked=True)
+                    held = seg.tokens
+                else:  # realign
                     seg.cut(lcp)
-                n = len(prompt) - lcp  # the prompt's new part: context
-                if n > 0:
-                    seg.tokens += prompt[lcp:]
-                    seg.mask += bytes(n)
-                    seg.log_probs += bytes(4 * n)
-        seg.last_response_start = len(seg.tokens) >> 2
+                    held += prompt[lcp:]
+        start = len(held) >> 2
+        seg.last_response_start = start
         if n_out:
-            seg.tokens += out
-            if trained:
-                seg.mask += _ONE * n_out
-                seg.trained += n_out
-            else:
-                seg.mask += bytes(n_out)
-            seg.log_probs += bytes(4 * n_out) if lp is None else lp
+            if lp is not None and type(lp.obj) is not bytes:
+                # The view's memory may change after this call (a read-only view of a mutable
+                # array is shared, not copied): snapshot it now, as a copy into a buffer would.
+                lp = float_view(memoryview(lp.tobytes()).cast("f"))
+            seg.runs.append((start - seg.prompt_len, n_out, trained, lp))
+            held += out
         seg.kinds.append(kind)
         seg.finish_reason = turn.finish_reason
-        if turn.ill_formed:
+        if ill_formed:
             seg.ill_formed += 1
         if masked:
             seg.masked += 1
@@ -312,6 +364,8 @@ class SampleBuilder:
         stats = self._stats
         _fold_turn_counts(stats, segments)
         stats["chains"] += 1
+        limit = self.max_sample_tokens
+        keep_untrained = self.keep_untrained
         samples: list[Sample] = []
         for i, seg in enumerate(segments):
             md = dict(metadata) if metadata else {}
@@ -323,21 +377,36 @@ class SampleBuilder:
                 "masked_turns": seg.masked,
                 "finish_reason": seg.finish_reason,
             }
-            sample = seg.to_sample(value, md)
-            trained = seg.trained
-            limit = self.max_sample_tokens
-            if limit is not None and len(sample.tokens) > limit:
-                sample = truncate(sample, limit)
-                # Count what the cut removed: a pass over the dropped tail only.
-                trained -= seg.mask.count(1, sample.response_length)
+            n_tokens = len(seg.tokens) >> 2
+            size = n_tokens - seg.prompt_len  # the response region
+            status: SampleStatus = "truncated" if seg.finish_reason == "length" else "completed"
+            if limit is not None and n_tokens > limit:
+                # truncate()'s rules, applied before the buffers are written: the cut tail
+                # is never copied.
+                size, status = cut_point(n_tokens, seg.prompt_len, status, md, limit)
+                del seg.tokens[4 * limit :]
                 stats["truncated_samples"] += 1
-            if not trained and not self.keep_untrained:
+            mask, log_probs, trained = seg.buffers(size)
+            if not trained and not keep_untrained:
                 stats["dropped_samples"] += 1
                 continue
+            # Views of buffers nothing else references. Valid by construction (the property
+            # tests decode every built sample through the checks).
+            tokens = memoryview(seg.tokens).cast("i").toreadonly()
+            samples.append(
+                trusted_sample(
+                    tokens=tokens,
+                    loss_mask=memoryview(mask),
+                    rollout_log_probs=float_view(memoryview(log_probs).cast("f")),
+                    response_length=size,
+                    reward=value,
+                    status=status,
+                    metadata=md,
+                )
+            )
             stats["samples"] += 1
-            stats["tokens"] += len(sample.tokens)
+            stats["tokens"] += len(tokens)
             stats["trained_tokens"] += trained
-            samples.append(sample)
         return samples
 
     def statistics(self) -> BuilderStatistics:

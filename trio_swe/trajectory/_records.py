@@ -8,9 +8,8 @@ buffers and satisfies the sample invariants.
 
 from __future__ import annotations
 
-import copy
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, cast
 
 import msgspec
@@ -363,6 +362,10 @@ _TEMPLATE = Sample(
 )
 
 
+# The template's own __copy__ (what copy.copy dispatches to, minus the dispatch).
+_copy_template: Callable[[], Sample] = _TEMPLATE.__copy__  # type: ignore[attr-defined]
+
+
 def trusted_sample(
     *,
     tokens: memoryview,
@@ -379,7 +382,7 @@ def trusted_sample(
     meeting every invariant (the property tests check that through a validating decode).
     ``__post_init__``'s mask check is a pass over the mask; this is O(1) in the length.
     """
-    sample = copy.copy(_TEMPLATE)  # copying a Struct does not rerun __post_init__
+    sample = _copy_template()  # copying a Struct does not rerun __post_init__
     force_setattr(sample, "tokens", tokens)
     force_setattr(sample, "loss_mask", loss_mask)
     force_setattr(sample, "rollout_log_probs", rollout_log_probs)

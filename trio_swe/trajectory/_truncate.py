@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._errors import InvalidArgumentError
 from ._records import Sample, SampleStatus, trusted_sample
 
@@ -35,14 +37,7 @@ def truncate(sample: Sample, max_tokens: int) -> Sample:
     if n <= max_tokens:
         return sample
     metadata = dict(sample.metadata)
-    metadata.setdefault("truncated_from", n)
-    keep = max_tokens - sample.prompt_length
-    status: SampleStatus
-    if keep <= 0:
-        metadata["abort_reason"] = "prompt_exceeds_max_tokens"
-        keep, status = 0, "aborted"
-    else:
-        status = "aborted" if sample.status == "aborted" else "truncated"
+    keep, status = cut_point(n, sample.prompt_length, sample.status, metadata, max_tokens)
     # Slices of a valid sample's buffers are valid: skip the O(length) mask re-check.
     return trusted_sample(
         tokens=sample.tokens[:max_tokens],
@@ -53,3 +48,20 @@ def truncate(sample: Sample, max_tokens: int) -> Sample:
         status=status,
         metadata=metadata,
     )
+
+
+def cut_point(
+    n_tokens: int,
+    prompt_length: int,
+    status: SampleStatus,
+    metadata: dict[str, Any],
+    max_tokens: int,
+) -> tuple[int, SampleStatus]:
+    """The rules of :func:`truncate` for a sample of ``n_tokens > max_tokens``: the response
+    length and status to keep; records the cut in ``metadata`` (a dict the caller owns)."""
+    metadata.setdefault("truncated_from", n_tokens)
+    keep = max_tokens - prompt_length
+    if keep <= 0:
+        metadata["abort_reason"] = "prompt_exceeds_max_tokens"
+        return 0, "aborted"
+    return keep, "aborted" if status == "aborted" else "truncated"
