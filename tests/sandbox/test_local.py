@@ -31,6 +31,15 @@ def host_mounts_with(fragment: str) -> list[str]:
         return [line for line in f if fragment in line]
 
 
+def _until_running(pattern: str, count: int = 1) -> str:
+    """Shell that waits until ``count`` daemons named ``pattern`` run in sessions of their own.
+
+    The exec's process group is killed when it returns, so a daemon that has not reached
+    ``setsid`` by then dies with it: the exec must not return before the daemons are out.
+    """
+    return f"until [ \"$(pgrep -f '^{pattern}' | wc -l)\" -ge {count} ]; do :; done"
+
+
 @pytest.fixture
 def image(tmp_path: Path) -> Path:
     img = tmp_path / "image"
@@ -131,7 +140,8 @@ async def test_kill_removes_daemons_mounts_and_state(image: Path, tmp_path: Path
         spawn = await sb.exec(
             f"setsid bash -c 'exec -a {marker}-a sleep 1000' </dev/null >/dev/null 2>&1 & "
             f"(setsid nohup bash -c 'exec -a {marker}-b sleep 1001' </dev/null >/dev/null 2>&1 &)"
-            "; echo started"
+            f"; {_until_running(f'{marker}-[ab]', 2)}; echo started",
+            timeout=30,
         )
         assert spawn.output == "started\n"
         daemons = await sb.exec(f"pgrep -f '^{marker}-[ab]' | wc -l")
@@ -165,7 +175,9 @@ async def test_keyboard_interrupt_kills_sandbox(image: Path, tmp_path: Path) -> 
     with pytest.raises(KeyboardInterrupt):
         async with open_sandbox(LocalBackend(state_dir=state), str(image)) as sb:
             await sb.exec(
-                f"setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &"
+                f"setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 & "
+                + _until_running(marker),
+                timeout=30,
             )
             assert len(host_pids_with(marker)) == 1
             raise KeyboardInterrupt
@@ -233,6 +245,10 @@ async def test_sandbox_outlives_idle_worker_threads(image: Path) -> None:
 async def test_sandbox_dies_with_its_owner_process(image: Path, tmp_path: Path) -> None:
     """Even SIGKILL of the owning Python process leaves no sandbox process behind."""
     marker = f"marker-{uuid.uuid4().hex}"
+    daemon_cmd = (
+        f"setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 & "
+        + _until_running(marker)
+    )
     script = tmp_path / "owner.py"
     script.write_text(
         "import sys, trio\n"
@@ -242,7 +258,7 @@ async def test_sandbox_dies_with_its_owner_process(image: Path, tmp_path: Path) 
         f"    async with open_sandbox(LocalBackend(), {str(image)!r}) as sb:\n"
         # One process carries the marker from fork to sleep (exec, setsid and exec -a keep the
         # pid), so the test never catches a transient forked copy of a shell.
-        f"        await sb.exec(\"setsid bash -c 'exec -a {marker} sleep 1000' </dev/null >/dev/null 2>&1 &\")\n"
+        f"        await sb.exec({daemon_cmd!r}, timeout=30)\n"
         "        print('up', flush=True)\n"
         "        await trio.sleep_forever()\n"
         "trio.run(main)\n"

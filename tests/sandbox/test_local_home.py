@@ -133,3 +133,14 @@ def test_venv_base_reads_pyvenv_cfg(tmp_path: Path) -> None:
 def test_outermost_drops_nested_paths() -> None:
     paths = {"/root/a", "/root/a/b", "/root/ab", "/tmp/x/y", "/tmp/x"}
     assert _outermost(paths) == ["/root/a", "/root/ab", "/tmp/x"]
+
+
+async def test_host_paths_root_itself_shows_the_hosts_root_read_only(
+    image: Path, tmp_path: Path
+) -> None:
+    backend = LocalBackend(state_dir=tmp_path / "state", host_paths=["/root"])
+    async with open_sandbox(backend, str(image)) as sb:
+        inside = (await sb.exec("ls -A /root")).output.split()
+        assert sorted(n for n in inside if not n.startswith(_PROBE)) == host_root_state()[0]
+        assert (await sb.exec(f"touch /root/{_PROBE}opt-out")).exit_code != 0
+    assert not on_host(f"/root/{_PROBE}opt-out")
