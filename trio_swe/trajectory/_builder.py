@@ -157,26 +157,28 @@ class _Segment:
         zeros, ones = _fills(size)  # long enough for any part of either buffer
         mask: list[memoryview] = []
         log_probs: list[memoryview] = []
+        add_mask, add_lp = mask.append, log_probs.append
         pos = trained = 0
         for start, n, is_trained, lp in self.runs:
-            if start >= size:
-                break
-            if start > pos:  # context
-                mask.append(zeros[: start - pos])
-                log_probs.append(zeros[: 4 * (start - pos)])
-            if start + n > size:  # the run is cut by a truncation
-                n = size - start
+            end = start + n
+            if end > size:  # the run is cut by a truncation (or lies past it)
+                if start >= size:
+                    break
+                n, end = size - start, size
                 lp = None if lp is None else lp[:n]
+            if start > pos:  # context
+                add_mask(zeros[: start - pos])
+                add_lp(zeros[: 4 * (start - pos)])
             if is_trained:
-                mask.append(ones[:n])
+                add_mask(ones[:n])
                 trained += n
             else:
-                mask.append(zeros[:n])
-            log_probs.append(zeros[: 4 * n] if lp is None else lp)
-            pos = start + n
+                add_mask(zeros[:n])
+            add_lp(zeros[: 4 * n] if lp is None else lp)
+            pos = end
         if size > pos:
-            mask.append(zeros[: size - pos])
-            log_probs.append(zeros[: 4 * (size - pos)])
+            add_mask(zeros[: size - pos])
+            add_lp(zeros[: 4 * (size - pos)])
         return b"".join(mask), b"".join(log_probs), trained
 
 
