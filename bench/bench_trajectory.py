@@ -3,8 +3,9 @@
 The baseline is slime's representation, reimplemented here on the same rules: token ids,
 loss mask and log-probs as Python lists, a chunked list common-prefix check per turn, list
 slicing for truncation and ``json.dumps`` of the sample dict. Both sides process the same
-chains of turns in the same run; figures are medians over several runs of the process's CPU
-time (stable on a shared machine, where wall time measures the other tenants).
+chains of turns in the same run, in alternating rounds (so both see the same load); figures are
+medians over several rounds of the process's CPU time (stable on a shared machine, where wall
+time measures the other tenants).
 
 Also: ``truncate`` time for a 1k-token vs a 128k-token sample (should not depend on length),
 and msgpack encoding throughput beside a plain ``bytes`` copy of the same buffers (the memory
@@ -132,6 +133,22 @@ def median_time(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
+def interleaved_medians(fns: list[Callable[[], object]], runs: int) -> list[float]:
+    """Median CPU time of each of ``fns`` over ``runs`` rounds; a round runs each once, in turn.
+
+    On a shared machine the load changes from second to second; timing one side's runs and
+    then the other's would compare two different loads (the 8-turn ratio moved from x77 to
+    x134 between runs that way). Alternating puts both sides under the same load.
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, ts in zip(fns, times, strict=True):
+            t0 = time.process_time()
+            fn()
+            ts.append(time.process_time() - t0)
+    return [statistics.median(ts) for ts in times]
+
+
 def fmt_rate(per_sec: float) -> str:
     return f"{per_sec:>12,.0f}/s"
 
@@ -164,9 +181,9 @@ def pipeline(total: int, n_turns: int) -> None:
         for i in range(n_base):
             baseline_one(chains[i % CHAINS], max_tokens)
 
-    t_ours = median_time(run_ours, RUNS)
+    # The two sides of the ratio alternate, round by round, so both see the same load.
+    t_ours, t_base = interleaved_medians([run_ours, run_base], RUNS)
     t_lists = median_time(run_ours_from_lists, max(1, RUNS // 2))
-    t_base = median_time(run_base, 3)
     r_ours, r_lists, r_base = N_SAMPLES / t_ours, N_SAMPLES / t_lists, n_base / t_base
     turns = f"{n_turns} turn{'s' if n_turns > 1 else ''}"
     print(f"{total // 1024}k-token samples ({turns} each, cut to {max_tokens}):")
