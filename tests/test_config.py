@@ -33,6 +33,7 @@ def test_values_are_read_and_converted() -> None:
         "NPM_INSTALL_BACKOFF_SEC": "0.5",
         "SWE_MAX_CONTEXT_TOKENS": "32768",
         "SWE_AGENT": " ",  # blank keeps the default
+        "SWE_BACKEND": "e2b",
     }
     config = SweConfig.from_env(env, check_protocols=False)
     assert config.eval_protocol == "swebench"
@@ -44,6 +45,7 @@ def test_values_are_read_and_converted() -> None:
     assert config.npm_install_backoff_sec == 0.5
     assert config.max_context_tokens == 32768
     assert config.agent == "bash"
+    assert config.backend == "e2b"
     assert config.protocol_for(evaluation=True) == "swebench"
     assert config.protocol_for(evaluation=False) == "scaleswe"
 
@@ -59,11 +61,19 @@ def test_values_are_read_and_converted() -> None:
         ("NPM_INSTALL_BACKOFF_SEC", "soon"),
         ("SWE_MAX_CONTEXT_TOKENS", "1.5"),
         ("SWE_BOOT_RETRIES", "-2"),
+        ("SWE_BACKEND", "docker"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str) -> None:
     with pytest.raises(ConfigError, match=var):
         SweConfig.from_env({var: value}, check_protocols=False)
+
+
+def test_unknown_backend_names_the_choices_at_load_and_at_construction() -> None:
+    with pytest.raises(ConfigError, match=r"SWE_BACKEND='docker'.*'local', 'e2b'"):
+        SweConfig.from_env({"SWE_BACKEND": "docker", "SWE_BOOT_CONCURRENCY": "0"})
+    with pytest.raises(ConfigError, match=r"backend 'docker'.*'local', 'e2b'"):
+        SweConfig(backend="docker")
 
 
 def test_unknown_protocol_fails_when_loaded() -> None:

@@ -9,6 +9,8 @@ Environment variables (defaults in brackets):
 =============================  ======================================================  =========
 variable                       meaning                                                  default
 =============================  ======================================================  =========
+``SWE_BACKEND``                sandbox backend of ``generate()`` and ``trio-swe run``   local
+                               (``local`` or ``e2b``)
 ``SWE_TRAIN_PROTOCOL``         grading protocol of training episodes                    scaleswe
 ``SWE_EVAL_PROTOCOL``          grading protocol of evaluation episodes                  scaleswe
 ``SWE_AGENT``                  agent name in the registry (``trio_swe.agents``)         bash
@@ -40,13 +42,18 @@ import msgspec
 
 from ._errors import ConfigError
 
-__all__ = ["SweConfig"]
+__all__ = ["BACKENDS", "SweConfig"]
+
+#: The values ``SWE_BACKEND`` accepts.
+BACKENDS: tuple[str, ...] = ("local", "e2b")
 
 
 class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
     """Configuration of episodes and rollouts (see the module docstring for the variables).
 
     Attributes:
+        backend: sandbox backend of ``generate()`` and ``trio-swe run`` (``SWE_BACKEND``), one of
+            :data:`BACKENDS`.
         train_protocol: grading protocol of training episodes (``SWE_TRAIN_PROTOCOL``).
         eval_protocol: grading protocol of evaluation episodes (``SWE_EVAL_PROTOCOL``).
         agent: the agent's name in the registry (``SWE_AGENT``).
@@ -68,6 +75,7 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
         npm_install_backoff_sec: backoff unit between npm attempts (``NPM_INSTALL_BACKOFF_SEC``).
     """
 
+    backend: str = "local"
     train_protocol: str = "scaleswe"
     eval_protocol: str = "scaleswe"
     agent: str = "bash"
@@ -89,6 +97,7 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
     npm_install_backoff_sec: float = 2.0
 
     def __post_init__(self) -> None:
+        _check(self.backend in BACKENDS, "backend", f"{self.backend!r}: {_BACKEND_CHOICES}")
         _check(self.agent_time_budget_sec > 0, "agent_time_budget_sec", "must be > 0")
         _check(self.eval_timeout_sec > 0, "eval_timeout_sec", "must be > 0")
         _check(self.setup_timeout_sec > 0, "setup_timeout_sec", "must be > 0")
@@ -179,6 +188,15 @@ def _parse_name(raw: str) -> str:
     return raw
 
 
+_BACKEND_CHOICES = "choose one of " + ", ".join(repr(b) for b in BACKENDS)
+
+
+def _parse_backend(raw: str) -> str:
+    if raw not in BACKENDS:
+        raise ValueError(raw)
+    return raw
+
+
 def _parse_float(raw: str) -> float:
     value = float(raw)
     if value != value or value in (float("inf"), float("-inf")):
@@ -188,11 +206,13 @@ def _parse_float(raw: str) -> float:
 
 _KIND: dict[Callable[[str], object], str] = {
     _parse_name: "name",
+    _parse_backend: f"backend; {_BACKEND_CHOICES}",
     _parse_float: "number",
     int: "integer",
 }
 
 _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "backend": ("SWE_BACKEND", _parse_backend),  # first: a wrong backend is reported first
     "train_protocol": ("SWE_TRAIN_PROTOCOL", _parse_name),
     "eval_protocol": ("SWE_EVAL_PROTOCOL", _parse_name),
     "agent": ("SWE_AGENT", _parse_name),

@@ -27,7 +27,7 @@ import trio
 from ._errors import ConfigError, MetadataError
 from .agents._harness import create_agent
 from .agents._types import Agent
-from .config import SweConfig
+from .config import BACKENDS, SweConfig
 from .episode import EpisodeResult, boot_limiter, run_episode
 from .grading import InstanceMetadata, get_metadata
 from .sandbox import Backend
@@ -138,21 +138,14 @@ async def run_rollouts(
 # --- slime's custom generate ---------------------------------------------------------------
 
 #: The values of ``SWE_BACKEND`` that :func:`generate` accepts.
-GENERATE_BACKENDS: tuple[str, ...] = ("local", "e2b")
+GENERATE_BACKENDS: tuple[str, ...] = BACKENDS
 
 _LOCAL_BACKEND: list[Backend] = []  # one LocalBackend per process (not bound to a trio run)
 
 
 def _backend_name(environ: Mapping[str, str] | None = None) -> str:
-    """``SWE_BACKEND`` (default ``local``), checked against :data:`GENERATE_BACKENDS`."""
-    env = os.environ if environ is None else environ
-    name = env.get("SWE_BACKEND", "").strip() or "local"
-    if name not in GENERATE_BACKENDS:
-        raise ConfigError(
-            f"SWE_BACKEND={name!r} is not a backend generate() supports; choose one of "
-            + ", ".join(repr(n) for n in GENERATE_BACKENDS)
-        )
-    return name
+    """``SWE_BACKEND`` (default ``local``), checked as :meth:`SweConfig.from_env` checks it."""
+    return SweConfig.from_env(environ, check_protocols=False).backend
 
 
 class _RunShared:
