@@ -10,11 +10,10 @@ from __future__ import annotations
 import asyncio
 import copy
 import os
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,6 +35,7 @@ from trio_swe.testing import (
 
 from .test_episode_support import processes_mentioning
 from .test_rollout_generate import SlimeLikeSample
+from .trio_thread import TrioThread
 
 T = TypeVar("T")
 
@@ -64,42 +64,24 @@ def servers_in_thread(
     state_dir: Path,
 ) -> Iterator[Servers]:
     """The envd server (TLS) and the scripted policy server, in a thread and trio run of their own."""
-    ready = threading.Event()
-    box: dict[str, Any] = {}
 
-    async def serve() -> None:
+    @asynccontextmanager
+    async def open_both() -> AsyncIterator[tuple[EnvdServer, ScriptedPolicyServer]]:
         async with (
             open_envd_server(
                 backend=LocalBackend(state_dir=state_dir), templates=templates, tls=True
             ) as envd,
             open_scripted_policy_server(scripts) as policy,
         ):
-            box["stop"] = stop = trio.Event()
-            box["servers"] = Servers(envd, policy, trio.lowlevel.current_trio_token())
-            ready.set()
-            await stop.wait()
+            yield envd, policy
 
-    def run() -> None:
-        try:
-            trio.run(serve)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            ready.set()
-
-    thread = threading.Thread(target=run, name="generate-e2b-servers", daemon=True)
-    thread.start()
-    ready.wait()
-    if "servers" not in box:
-        raise RuntimeError("the servers did not start") from box.get("error")
-    servers: Servers = box["servers"]
+    runner = TrioThread(open_both, "generate-e2b-servers")
+    envd, policy = runner.started()
     try:
-        yield servers
+        yield Servers(envd, policy, runner.token)
     finally:
-        servers.call(box["stop"].set)
-        thread.join()
-        if "error" in box:
-            raise RuntimeError("the servers failed") from box["error"]
+        runner.stop()
+        runner.join()
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ in, e.g. hypothesis examples that pytest-trio runs outside the fixtures' run.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -15,6 +14,8 @@ import trio
 
 from trio_swe.sandbox.e2b import E2BBackend, RetryPolicy
 from trio_swe.testing import EnvdServer, FaultPlan, open_envd_server
+
+from ..trio_thread import TrioThread
 
 T = TypeVar("T")
 
@@ -77,39 +78,11 @@ class ThreadedServer:
 @asynccontextmanager
 async def open_server_in_thread(**server_kw: Any) -> AsyncIterator[ThreadedServer]:
     """``open_envd_server(**server_kw)`` in a thread of its own, for the block's duration."""
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def serve() -> None:
-        async with open_envd_server(**server_kw) as server:
-            stop = trio.Event()
-            box["stop"] = stop
-            box["threaded"] = ThreadedServer(server, trio.lowlevel.current_trio_token())
-            ready.set()
-            await stop.wait()
-
-    def run() -> None:
-        try:
-            trio.run(serve)
-        except BaseException as exc:
-            box["error"] = exc
-        finally:
-            ready.set()
-
-    thread = threading.Thread(target=run, name="envd-server", daemon=True)
-    thread.start()
-    await trio.to_thread.run_sync(ready.wait)
-    if "threaded" not in box:
-        raise RuntimeError("the envd server did not start") from box.get("error")
-    threaded: ThreadedServer = box["threaded"]
+    runner = TrioThread(lambda: open_envd_server(**server_kw), "envd-server")
+    server = await trio.to_thread.run_sync(runner.started)
     try:
-        yield threaded
+        yield ThreadedServer(server, runner.token)
     finally:
-        try:
-            threaded.token.run_sync_soon(box["stop"].set)
-        except trio.RunFinishedError:
-            pass  # the server died; its error is raised below
+        runner.stop()
         with trio.CancelScope(shield=True):
-            await trio.to_thread.run_sync(thread.join)
-        if "error" in box:
-            raise RuntimeError("the envd server failed") from box["error"]
+            await trio.to_thread.run_sync(runner.join)
