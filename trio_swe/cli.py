@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import inspect
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ from .agents._types import Agent
 from .config import SweConfig
 from .episode import EpisodeResult, PhaseTimings
 from .grading import InstanceMetadata, get_metadata
-from .rollout import GENERATE_BACKENDS, ResultsWriter, _backend_name, _closer, run_rollouts
+from .rollout import GENERATE_BACKENDS, ResultsWriter, _close_quietly, _closer, run_rollouts
 from .sandbox import Backend
 
 __all__ = ["main"]
@@ -234,6 +233,7 @@ async def _open_backend(name: str) -> AsyncIterator[Backend]:
 def _config_from_args(args: argparse.Namespace) -> SweConfig:
     env = dict(os.environ)
     overrides = {
+        "SWE_BACKEND": args.backend,
         "SWE_TRAIN_PROTOCOL": args.protocol,
         "SWE_EVAL_PROTOCOL": args.protocol,
         "SWE_AGENT": args.agent,
@@ -247,8 +247,8 @@ def _config_from_args(args: argparse.Namespace) -> SweConfig:
 
 
 async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    backend_name = args.backend or _backend_name()  # SWE_BACKEND, checked like generate() does
-    config = _config_from_args(args)
+    config = _config_from_args(args)  # SWE_BACKEND (or --backend) is checked first
+    backend_name = config.backend
     protocol = config.train_protocol
     writer = ResultsWriter(args.out)
     try:
@@ -305,14 +305,7 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 async def _close_agent(agent: Agent) -> None:
     """Close the agent's HTTP client (the bash agent's policy), even on the way out of a cancel."""
-    close = _closer(agent)
-    if close is None:
-        return
-    with trio.CancelScope(shield=True) as scope:
-        scope.deadline = trio.current_time() + 10.0
-        result = close()
-        if inspect.isawaitable(result):
-            await result
+    await _close_quietly([_closer(agent)], timeout_sec=10.0)
 
 
 # --- trio-swe demo ---------------------------------------------------------------------------

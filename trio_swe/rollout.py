@@ -143,11 +143,6 @@ GENERATE_BACKENDS: tuple[str, ...] = BACKENDS
 _LOCAL_BACKEND: list[Backend] = []  # one LocalBackend per process (not bound to a trio run)
 
 
-def _backend_name(environ: Mapping[str, str] | None = None) -> str:
-    """``SWE_BACKEND`` (default ``local``), checked as :meth:`SweConfig.from_env` checks it."""
-    return SweConfig.from_env(environ, check_protocols=False).backend
-
-
 class _RunShared:
     """What the generate() calls of one trio run share, closed by the last call out.
 
@@ -186,18 +181,28 @@ class _RunShared:
         closers = [_closer(agent) for agent in self.agents.values()]
         closers.append(getattr(self.e2b, "aclose", None))
         self.agents, self.e2b = {}, None
-        # Shielded and bounded: closing connections must not be skipped by a cancellation.
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + 30.0
-            for close in closers:
-                if close is None:
-                    continue
-                try:
-                    result = close()
-                    if inspect.isawaitable(result):
-                        await result
-                except Exception:  # a broken connection must not fail the sample
-                    logger.warning("closing a generate() resource failed", exc_info=True)
+        await _close_quietly(closers, timeout_sec=30.0)
+
+
+async def _close_quietly(
+    closers: Iterable[Callable[[], Any] | None], *, timeout_sec: float
+) -> None:
+    """Call each closer (awaiting it if it returns an awaitable), shielded and bounded.
+
+    Closing connections must not be skipped by a cancellation, and a broken connection that
+    fails to close must not fail the caller: the failure is logged.
+    """
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + timeout_sec
+        for close in closers:
+            if close is None:
+                continue
+            try:
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                logger.warning("closing %r failed", close, exc_info=True)
 
 
 def _closer(agent: Agent) -> Callable[[], Any] | None:
@@ -280,8 +285,7 @@ async def generate(
     """
     from . import aio
 
-    backend_name = _backend_name()
-    config = SweConfig.from_env()
+    config = SweConfig.from_env()  # SWE_BACKEND is checked first
     protocol = config.protocol_for(evaluation=evaluation)
     try:
         md = get_metadata(sample, protocol)
@@ -295,7 +299,7 @@ async def generate(
             return await run_episode(
                 md,
                 shared.agent(config, url),
-                backend=shared.backend(backend_name),
+                backend=shared.backend(config.backend),
                 config=config,
                 episode_id=str(session_id) if session_id else None,
                 sampling_params=sampling_params,
