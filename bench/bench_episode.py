@@ -26,10 +26,9 @@ import trio
 
 from trio_swe import EpisodeResult, SweConfig, open_sandbox, run_rollouts
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
-from trio_swe.demo import build_demo_set
+from trio_swe.demo import build_demo_set, open_scripted_policy_server
 from trio_swe.grading import get_metadata
 from trio_swe.sandbox.local import LocalBackend
-from trio_swe.testing import open_scripted_policy_server
 
 LEVELS = [int(x) for x in os.environ.get("BENCH_EPISODE_CONCURRENCY", "1,4,16").split(",")]
 COUNTS = [int(x) for x in os.environ.get("BENCH_EPISODE_PER_LEVEL", "7,14,32").split(",")]

@@ -11,8 +11,7 @@ import trio.lowlevel
 
 from trio_swe import EpisodeResult, aio
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
-from trio_swe.demo import DemoSet
-from trio_swe.testing import open_scripted_policy_server
+from trio_swe.demo import DemoSet, open_scripted_policy_server
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config
 

@@ -13,9 +13,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from trio_swe.demo import build_demo_set
-from trio_swe.rollout import read_results
-from trio_swe.testing import open_scripted_policy_server
+from trio_swe.demo import build_demo_set, open_scripted_policy_server
+from trio_swe.results import read_results
 
 from .test_episode_support import processes_mentioning
 

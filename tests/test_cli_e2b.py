@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from trio_swe.demo import build_demo_set
-from trio_swe.rollout import read_results
+from trio_swe.results import read_results
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.testing import open_envd_server, open_scripted_policy_server
 

@@ -8,8 +8,8 @@ import pytest
 
 from trio_swe import EpisodeResult, run_episode, run_rollouts
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy, parse_command
+from trio_swe.demo import open_scripted_policy_server
 from trio_swe.grading import InstanceMetadata
-from trio_swe.testing import open_scripted_policy_server
 
 from .test_episode_support import (
     assert_nothing_left,

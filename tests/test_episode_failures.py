@@ -11,10 +11,10 @@ import trio
 
 from trio_swe import SandboxBootError, run_episode
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.demo import open_scripted_policy_server
 from trio_swe.grading import get_metadata
 from trio_swe.sandbox import Sandbox, SandboxSpec
 from trio_swe.sandbox.local import LocalBackend
-from trio_swe.testing import open_scripted_policy_server
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config
 

@@ -14,8 +14,7 @@ import pytest
 import trio
 
 from trio_swe import aio, generate
-from trio_swe.demo import DemoSet, build_demo_set
-from trio_swe.testing import open_scripted_policy_server
+from trio_swe.demo import DemoSet, build_demo_set, open_scripted_policy_server
 
 from .test_episode_support import assert_sample_matches_script, script_text
 

@@ -2,7 +2,7 @@
 
 The public surface is re-exported here; everything else is private (modules starting with ``_``)
 or lives in a documented subpackage (``trio_swe.grading``, ``trio_swe.testing``,
-``trio_swe.agents``, ``trio_swe.aio``).
+``trio_swe.agents``, ``trio_swe.aio``, ``trio_swe.demo``, ``trio_swe.integrations``).
 """
 
 from . import aio
@@ -31,7 +31,9 @@ from .grading import (
     require_protocol,
     run_evaluation,
 )
-from .rollout import generate, run_rollouts
+from .integrations.slime import generate
+from .results import ResultsWriter, read_results
+from .rollout import run_rollouts
 from .sandbox import (
     EXIT_TIME_BUDGET_EXCEEDED,
     Backend,
@@ -76,6 +78,7 @@ __all__ = [
     "LocalBackend",
     "MetadataError",
     "PhaseTimings",
+    "ResultsWriter",
     "Sample",
     "SampleBuilder",
     "SampleDecodeError",
@@ -100,6 +103,7 @@ __all__ = [
     "generate",
     "get_metadata",
     "open_sandbox",
+    "read_results",
     "read_samples",
     "register_protocol",
     "require_protocol",

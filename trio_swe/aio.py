@@ -35,10 +35,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
-from .agents._types import Agent
+from .agents import Agent
 from .config import SweConfig
 from .episode import EpisodeResult
+from .episode import run_episode as _run_episode
 from .grading import InstanceMetadata
+from .rollout import run_rollouts as _run_rollouts
 from .sandbox import Backend
 
 if TYPE_CHECKING:
@@ -229,8 +231,6 @@ async def run_episode(
     **kwargs: Any,
 ) -> EpisodeResult:
     """:func:`trio_swe.run_episode`, awaited from asyncio (same arguments)."""
-    from .episode import run_episode as _run_episode
-
     fn = functools.partial(_run_episode, md, agent, backend=backend, config=config, **kwargs)
     return await run(fn)
 
@@ -250,8 +250,6 @@ async def run_rollouts(
     Closing the generator early (``break`` out of ``async for``, or cancelling the consumer)
     cancels the episodes still running.
     """
-    from .rollout import run_rollouts as _run_rollouts
-
     queue: asyncio.Queue[tuple[bool, EpisodeResult | None]] = asyncio.Queue()
 
     async def pump() -> None:

@@ -31,13 +31,14 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from ._close import agent_closer, close_quietly
 from ._errors import ConfigError, MetadataError, TrioSweError
-from .agents._harness import create_agent
-from .agents._types import Agent
-from .config import SweConfig
+from .agents import Agent, create_agent
+from .config import BACKENDS, SweConfig
 from .episode import EpisodeResult, PhaseTimings
 from .grading import InstanceMetadata, get_metadata
-from .rollout import GENERATE_BACKENDS, ResultsWriter, _close_quietly, _closer, run_rollouts
+from .results import ResultsWriter
+from .rollout import run_rollouts
 from .sandbox import Backend
 
 __all__ = ["main"]
@@ -226,7 +227,7 @@ async def _open_backend(name: str) -> AsyncIterator[Backend]:
         async with E2BBackend() as backend:
             yield backend
     else:
-        choices = ", ".join(repr(n) for n in GENERATE_BACKENDS)
+        choices = ", ".join(repr(n) for n in BACKENDS)
         raise ConfigError(f"--backend {name!r}: choose one of {choices}")
 
 
@@ -305,7 +306,7 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 async def _close_agent(agent: Agent) -> None:
     """Close the agent's HTTP client (the bash agent's policy), even on the way out of a cancel."""
-    await _close_quietly([_closer(agent)], timeout_sec=10.0)
+    await close_quietly([agent_closer(agent)], timeout_sec=10.0)
 
 
 # --- trio-swe demo ---------------------------------------------------------------------------
@@ -315,9 +316,8 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from .agents._bash_agent import BashAgent
     from .agents._policy import SGLangPolicy
     from .agents._tokenizer import ByteTokenizer
-    from .demo import build_demo_set
+    from .demo import build_demo_set, open_scripted_policy_server
     from .sandbox.local import LocalBackend
-    from .testing._policy_server import open_scripted_policy_server
 
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="trio_swe-demo-"))
@@ -401,7 +401,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--backend",
         default=None,
-        choices=GENERATE_BACKENDS,
+        choices=BACKENDS,
         help="where sandboxes run (default: SWE_BACKEND or local); e2b reads E2B_API_KEY, "
         "E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN and SSL_CERT_FILE",
     )

@@ -8,7 +8,7 @@ import trio
 import trio.testing
 
 from trio_swe.agents import ByteTokenizer, PolicyError, SGLangPolicy
-from trio_swe.testing._policy_server import (
+from trio_swe.demo import (
     ScriptedCompletion,
     open_scripted_policy_server,
     scripted_logprob,

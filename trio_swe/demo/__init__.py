@@ -5,6 +5,11 @@ directory of your choice and returns dataset rows (slime-style, ``scaleswe`` pro
 an ``eval_cmd`` that runs the grader's own copy of the tests) whose images are
 ``<repo path>@<commit>`` for the local backend, plus each instance's gold patch and the scripted
 policy's scripts. ``trio-swe demo`` runs them end to end; the tests use them too.
+
+The scripted policy (:func:`open_scripted_policy_server`) is part of the demo: an SGLang-compatible
+server on loopback that replays each instance's script. It lives here, not in
+:mod:`trio_swe.testing`, because ``trio-swe demo`` is production code and production code never
+imports the test package (which re-exports these names for tests).
 """
 
 from __future__ import annotations
@@ -18,10 +23,24 @@ from typing import Any
 
 import msgspec
 
-from ..testing._policy_server import ScriptedCompletion
 from ._instances import DEMO_INSTANCES, DemoInstance
+from ._policy_server import (
+    ScriptedCompletion,
+    ScriptedPolicyServer,
+    open_scripted_policy_server,
+    scripted_logprob,
+)
 
-__all__ = ["DEMO_INSTANCES", "DemoInstance", "DemoSet", "build_demo_set"]
+__all__ = [
+    "DEMO_INSTANCES",
+    "DemoInstance",
+    "DemoSet",
+    "ScriptedCompletion",
+    "ScriptedPolicyServer",
+    "build_demo_set",
+    "open_scripted_policy_server",
+    "scripted_logprob",
+]
 
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "trio-swe demo",

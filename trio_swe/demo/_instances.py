@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import msgspec
 
-from ..testing._policy_server import ScriptedCompletion
+from ._policy_server import ScriptedCompletion
 
 __all__ = ["DEMO_INSTANCES", "DemoInstance"]
 

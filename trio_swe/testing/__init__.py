@@ -5,6 +5,9 @@ lifecycle API and envd's process and file APIs, executing real processes in loca
 with seeded fault injection (:class:`FaultPlan`, :class:`Fault`) from HTTP status codes down to
 HTTP/2 frames. Point the official ``e2b`` SDK or :class:`trio_swe.sandbox.e2b.E2BBackend` at it
 with :meth:`EnvdServer.sdk_env`. See ``docs/testing.md``.
+
+The scripted SGLang policy server (:func:`open_scripted_policy_server`) is re-exported from
+:mod:`trio_swe.demo`, where it lives.
 """
 
 from ._envd._faults import (
@@ -30,8 +33,8 @@ __all__ = [
     "open_envd_server",
 ]
 
-# --- scripted policy server (issue 6) ---
-from ._policy_server import (
+# The scripted policy server belongs to the demo (production code); re-exported for tests.
+from ..demo._policy_server import (
     ScriptedCompletion,
     ScriptedPolicyServer,
     open_scripted_policy_server,

@@ -1,0 +1,206 @@
+"""slime's custom generate function: ``--custom-generate-function-path trio_swe.generate``.
+
+``generate(args, sample, sampling_params, evaluation=False)`` runs one episode for a slime
+sample and returns slime samples. slime is an asyncio program, so the episode runs in trio
+through :mod:`trio_swe.aio` (trio as a guest of slime's loop). This module sits above that bridge:
+control goes down into :func:`trio_swe.aio.run` and never back up.
+
+What the calls of one trio run share (agents with their HTTP clients, the E2B backend with its
+connection pools) is kept in a RunVar and closed by the last call out (:class:`_RunShared`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import trio
+
+from .. import aio
+from .._close import agent_closer, close_quietly
+from .._errors import MetadataError
+from ..agents import Agent, create_agent
+from ..config import BACKENDS, SweConfig
+from ..episode import EpisodeResult, run_episode
+from ..grading import get_metadata
+from ..sandbox import Backend
+
+__all__ = ["GENERATE_BACKENDS", "generate"]
+
+#: The values of ``SWE_BACKEND`` that :func:`generate` accepts.
+GENERATE_BACKENDS: tuple[str, ...] = BACKENDS
+
+_LOCAL_BACKEND: list[Backend] = []  # one LocalBackend per process (not bound to a trio run)
+
+
+class _RunShared:
+    """What the generate() calls of one trio run share, closed by the last call out.
+
+    :func:`trio_swe.aio.run` keeps one trio run per asyncio loop while calls are active and ends
+    it when the last one returns. Agents (their policy's HTTP client) and the E2B backend (its
+    HTTP/2 connection pools) are bound to the trio run that opened them, so concurrent calls
+    share them, and the last call out closes them inside that run, before it ends; a later call
+    starts a fresh set in the next run.
+    """
+
+    def __init__(self) -> None:
+        self.users = 0
+        self.agents: dict[tuple[str, str], Agent] = {}
+        self.e2b: Backend | None = None
+
+    def agent(self, config: SweConfig, url: str) -> Agent:
+        key = (config.agent, url)
+        if key not in self.agents:
+            self.agents[key] = create_agent(_with_policy_url(config, url))
+        return self.agents[key]
+
+    def backend(self, name: str) -> Backend:
+        if name == "e2b":
+            if self.e2b is None:
+                from ..sandbox.e2b import E2BBackend
+
+                self.e2b = E2BBackend()  # E2B_* and SSL_CERT_FILE from the environment
+            return self.e2b
+        if not _LOCAL_BACKEND:
+            from ..sandbox.local import LocalBackend
+
+            _LOCAL_BACKEND.append(LocalBackend())
+        return _LOCAL_BACKEND[0]
+
+    async def aclose(self) -> None:
+        closers = [agent_closer(agent) for agent in self.agents.values()]
+        closers.append(getattr(self.e2b, "aclose", None))
+        self.agents, self.e2b = {}, None
+        await close_quietly(closers, timeout_sec=30.0)
+
+
+_SHARED: trio.lowlevel.RunVar[_RunShared | None] = trio.lowlevel.RunVar(
+    "trio_swe_generate_shared", default=None
+)
+
+
+@asynccontextmanager
+async def _run_shared() -> AsyncIterator[_RunShared]:
+    shared = _SHARED.get()
+    if shared is None:
+        shared = _RunShared()
+        _SHARED.set(shared)
+    shared.users += 1
+    try:
+        yield shared
+    finally:
+        shared.users -= 1
+        if shared.users == 0:
+            _SHARED.set(None)  # a call arriving while this closes starts a fresh set
+            await shared.aclose()
+
+
+def _policy_url(args: Any, config: SweConfig) -> str:
+    ip = getattr(args, "sglang_router_ip", None)
+    port = getattr(args, "sglang_router_port", None)
+    if ip and port:
+        return f"http://{ip}:{port}"
+    return config.policy_url
+
+
+def _slime_abort(sample: Any, reason: str, instance_id: str) -> Any:
+    """slime's convention for a sample that must not be trained on."""
+    out = copy.copy(sample)
+    out.tokens = [0, 0]
+    out.response = ""
+    out.response_length = 1
+    out.loss_mask = [0]
+    out.rollout_log_probs = [0.0]
+    out.reward = 0.0
+    out.remove_sample = True
+    out.metadata = {**(getattr(sample, "metadata", None) or {}), "abort_reason": reason}
+    out.metadata["instance_id"] = instance_id
+    _set_status(out, "aborted")
+    return out
+
+
+def _set_status(sample: Any, status: str) -> None:
+    enum = getattr(type(sample), "Status", None)
+    sample.status = getattr(enum, status.upper()) if enum is not None else status
+
+
+async def generate(
+    args: Any, sample: Any, sampling_params: Mapping[str, Any], evaluation: bool = False
+) -> Any:
+    """slime's custom generate function: one episode for ``sample``, from asyncio.
+
+    The protocol is ``SWE_EVAL_PROTOCOL`` when ``evaluation`` else ``SWE_TRAIN_PROTOCOL``; the
+    agent is ``SWE_AGENT`` (the bash agent calls SGLang at ``args.sglang_router_ip:port``); the
+    backend is ``SWE_BACKEND``: ``local``, or ``e2b`` (:class:`~trio_swe.E2BBackend` configured
+    from ``E2B_API_KEY``, ``E2B_API_URL``, ``E2B_SANDBOX_URL``, ``E2B_DOMAIN``, ``SSL_CERT_FILE``;
+    its connections are shared by the calls running at once and closed by the last one out).
+    Returns a list of slime samples (copies of ``sample`` with our fields set), or one aborted
+    sample (``remove_sample=True``, ``metadata["abort_reason"]``) for infrastructure failures
+    and unreadable rows. For ``evaluation`` it returns one sample carrying the reward, with
+    ``remove_sample=True``. Cancelling the awaiting task kills the episode's sandboxes before
+    the cancellation completes.
+
+    Raises:
+        ConfigError: ``SWE_BACKEND`` is not one of :data:`GENERATE_BACKENDS` (checked first, for
+            every sample), another variable is malformed, or the E2B settings are incomplete.
+    """
+    config = SweConfig.from_env()  # SWE_BACKEND is checked first
+    protocol = config.protocol_for(evaluation=evaluation)
+    try:
+        md = get_metadata(sample, protocol)
+    except MetadataError as exc:
+        return [_slime_abort(sample, f"metadata:{exc}", "unknown")]
+    url = _policy_url(args, config)
+    session_id = getattr(sample, "session_id", None) or None
+
+    async def episode() -> EpisodeResult:
+        async with _run_shared() as shared:
+            return await run_episode(
+                md,
+                shared.agent(config, url),
+                backend=shared.backend(config.backend),
+                config=config,
+                episode_id=str(session_id) if session_id else None,
+                sampling_params=sampling_params,
+                build_samples=not evaluation,
+            )
+
+    result = await aio.run(episode)
+    if result.status == "aborted":
+        return [_slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)]
+    extra = {
+        "instance_id": md.instance_id,
+        "grading_solved": bool(result.eval_result and result.eval_result.resolved),
+        "applied_cleanly": bool(result.eval_result and result.eval_result.applied_cleanly),
+        "agent_exit_code": result.agent_exit_code,
+        "episode_status": result.status,
+    }
+    if evaluation or not result.samples:
+        out = _slime_abort(
+            sample, "evaluation" if evaluation else "no_trained_turns", md.instance_id
+        )
+        out.reward = result.reward
+        out.metadata.update(extra)
+        if evaluation:
+            out.metadata.pop("abort_reason", None)
+            _set_status(out, "completed")
+        return [out]
+    outs = []
+    for s in result.samples:
+        out = copy.copy(sample)
+        fields = s.to_slime_dict()
+        status = fields.pop("status")
+        meta = {**(getattr(sample, "metadata", None) or {}), **fields.pop("metadata"), **extra}
+        for name, value in fields.items():
+            setattr(out, name, value)
+        out.metadata = meta
+        _set_status(out, status)
+        outs.append(out)
+    return outs
+
+
+def _with_policy_url(config: SweConfig, url: str) -> SweConfig:
+    return msgspec.structs.replace(config, policy_url=url)

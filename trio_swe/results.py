@@ -1,0 +1,103 @@
+"""Results files: one length-prefixed msgpack frame per :class:`~trio_swe.EpisodeResult`.
+
+:class:`ResultsWriter` appends each result (with its samples, encoded by
+:func:`~trio_swe.encode_sample`) the moment it is ready and flushes it, so a killed process loses
+at most the frame it was writing; reopening the file drops that cut frame and resumes.
+:func:`read_results` is the public reader: it returns every intact frame. ``trio-swe run``
+writes these files; ``trio-swe results`` reads and exports them.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import msgspec
+
+from .episode import EpisodeResult
+from .trajectory import decode_sample, encode_sample
+
+__all__ = ["ResultsWriter", "encode_result", "read_results"]
+
+_FRAME_HEADER = struct.Struct(">I")
+
+
+class _Frame(msgspec.Struct, array_like=True):
+    result: EpisodeResult
+    samples: list[bytes]
+
+
+_frame_decoder = msgspec.msgpack.Decoder(_Frame)
+
+
+def encode_result(result: EpisodeResult) -> bytes:
+    """One length-prefixed msgpack frame: the result, its samples encoded by ``encode_sample``."""
+    frame = _Frame(
+        result=msgspec.structs.replace(result, samples=[]),
+        samples=[encode_sample(s) for s in result.samples],
+    )
+    body = msgspec.msgpack.encode(frame)
+    return _FRAME_HEADER.pack(len(body)) + body
+
+
+def read_results(path: str | os.PathLike[str]) -> tuple[list[EpisodeResult], int]:
+    """The results in a results file, and the length of its intact prefix in bytes.
+
+    A frame cut short (the writer was killed midway) ends the intact prefix; everything before
+    it is returned. A missing file has no results.
+    """
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        return [], 0
+    results: list[EpisodeResult] = []
+    pos = 0
+    while pos + _FRAME_HEADER.size <= len(data):
+        (size,) = _FRAME_HEADER.unpack_from(data, pos)
+        end = pos + _FRAME_HEADER.size + size
+        if end > len(data):
+            break
+        try:
+            frame = _frame_decoder.decode(data[pos + _FRAME_HEADER.size : end])
+        except msgspec.DecodeError:
+            break
+        frame.result.samples = [decode_sample(s) for s in frame.samples]
+        results.append(frame.result)
+        pos = end
+    return results, pos
+
+
+class ResultsWriter:
+    """Appends results to a file, one frame each, flushed as it goes; resumable.
+
+    Opening an existing file keeps its intact frames (and drops a frame cut short by an
+    interrupted writer), so a rerun continues where the last one stopped.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self.previous, intact = read_results(self.path)
+        self._file = open(self.path, "ab")  # noqa: SIM115  (closed by close())
+        self._file.truncate(intact)
+        self._file.seek(intact)
+        self.written = 0
+
+    def write(self, result: EpisodeResult) -> None:
+        """Append ``result`` and flush it to the OS (it survives the process being killed)."""
+        self._file.write(encode_result(result))
+        self._file.flush()
+        self.written += 1
+
+    def close(self) -> None:
+        """Sync and close the file."""
+        if not self._file.closed:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+
+    def __enter__(self) -> ResultsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
