@@ -1,0 +1,403 @@
+"""A checkpoint's chat model: its tokenizer, its own chat template, a tool-call parser, and
+append-only token histories (sans-IO: nothing here does I/O once the tokenizer is loaded).
+
+The token history is canonical: the next prompt is the previous prompt + the exact sampled ids
++ the template's rendering of the new messages (tool results) after the assistant turn. Only
+that delta is tokenized; nothing sampled is re-rendered or re-tokenized.
+"""
+
+from __future__ import annotations
+
+import os
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from .._errors import ConfigError, InvalidArgumentError, TrioSweError
+from ._load import load_tokenizer
+from ._parsers import (
+    ParsedOutput,
+    ToolCall,
+    ToolParser,
+    get_tool_parser,
+    infer_tool_parser,
+    split_reasoning,
+    validate_tool_calls,
+)
+
+__all__ = ["ChatModel", "HistoryStatistics", "NotAppendOnlyError", "TemplateError", "TokenHistory"]
+
+Message = Mapping[str, Any]
+
+# Placeholders of the minimal context a delta is rendered in (see TokenHistory).
+_PROBE_SYSTEM = "S"
+_PROBE_USER = "U"
+_PROBE_REPLY = "PROBE-REPLY-7f3a"
+_PROBE_TOOL_OUTPUT = "PROBE-RESULT-91c2"
+_PROBE_ARG = "echo probe-5d1e"
+
+
+class TemplateError(ConfigError):
+    """The chat template cannot be used as trio_swe needs it (no tools, no stable turn end)."""
+
+
+class NotAppendOnlyError(TrioSweError):
+    """Appending these messages would change tokens already in the history (the template
+    re-renders earlier turns, e.g. Qwen3 drops their reasoning once a user message follows).
+    The caller forks: it starts a new history from the whole conversation
+    (:meth:`TokenHistory.fork`), instead of pretending the old tokens are still the prompt."""
+
+
+class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of one :class:`TokenHistory`.
+
+    Attributes:
+        turns: outputs appended.
+        deltas: message deltas appended.
+        delta_tokens: tokens those deltas added (the only tokens ever encoded after the start).
+        rewritten_turns: deltas where the template would have rendered the previous assistant
+            turn differently in the whole conversation (position-dependent templates, e.g.
+            Qwen3's empty ``<think>`` block); the sampled tokens were kept.
+    """
+
+    turns: int
+    deltas: int
+    delta_tokens: int
+    rewritten_turns: int
+
+
+class ChatModel:
+    """A tokenizer with its chat template, the declared tools and a tool-call parser.
+
+    Build it with :meth:`from_checkpoint` (a directory) or from a loaded Hugging Face tokenizer.
+    Construction renders a probe conversation (system, user, an assistant tool call, a tool
+    result) through the template and fails early, with :class:`TemplateError` (a
+    :class:`~trio_swe.ConfigError`), when the template does not render the tools, when its
+    rendered tool call does not parse back with the chosen parser, or when an assistant turn
+    has no stable end after the stop token.
+
+    Args:
+        tokenizer: a ``transformers`` tokenizer with a chat template.
+        tools: tool declarations (OpenAI function format) passed to every render.
+        tool_parser: a parser name (``"hermes"``, ``"qwen3_coder"``, see
+            :func:`available_tool_parsers`), a :class:`ToolParser`, or ``"auto"``/None to infer
+            it from the template.
+        template_kwargs: extra variables of every render (e.g. ``{"enable_thinking": False}``).
+        name: what errors call it (the checkpoint path).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+        tool_parser: str | ToolParser | None = "auto",
+        template_kwargs: Mapping[str, Any] | None = None,
+        name: str = "",
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.name = name or str(getattr(tokenizer, "name_or_path", "") or "tokenizer")
+        template = getattr(tokenizer, "chat_template", None)
+        if isinstance(template, dict):  # several named templates: the default one
+            template = template.get("default") or next(iter(template.values()), None)
+        if not isinstance(template, str) or not template:
+            raise TemplateError(f"tokenizer at {self.name!r} has no chat template")
+        self.chat_template: str = template
+        self.tools: list[dict[str, Any]] = [dict(t) for t in tools]
+        self.template_kwargs = dict(template_kwargs or {})
+        if tool_parser is None or tool_parser == "auto":
+            tool_parser = infer_tool_parser(template) if self.tools else "hermes"
+        self.parser: ToolParser = (
+            get_tool_parser(tool_parser, self.tools)
+            if isinstance(tool_parser, str)
+            else tool_parser
+        )
+        #: Ids are valid in ``range(vocab_size)`` (added tokens included).
+        self.vocab_size: int = len(tokenizer)
+        stop = getattr(tokenizer, "eos_token", None)
+        if not stop:
+            raise TemplateError(f"tokenizer at {self.name!r} has no eos token (the turn's end)")
+        self.stop_text: str = str(stop)
+        self.stop_id: int = int(tokenizer.convert_tokens_to_ids(self.stop_text))
+        self._probe()
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        tools: Sequence[Mapping[str, Any]] = (),
+        tool_parser: str | ToolParser | None = "auto",
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> ChatModel:
+        """Load the tokenizer of the directory ``path`` (once per process) and wrap it.
+
+        Raises:
+            ConfigError: see :func:`load_tokenizer` and the class docstring; names the path.
+        """
+        tokenizer = load_tokenizer(path)
+        return cls(
+            tokenizer,
+            tools=tools,
+            tool_parser=tool_parser,
+            template_kwargs=template_kwargs,
+            name=os.fspath(path),
+        )
+
+    # --- rendering ------------------------------------------------------------------------
+
+    def render(self, messages: Sequence[Message], *, add_generation_prompt: bool = False) -> str:
+        """The template's text of ``messages`` (with the tools), by the tokenizer's own
+        ``apply_chat_template``."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages],
+                tools=self.tools or None,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                **self.template_kwargs,
+            )
+        except Exception as exc:  # jinja2's TemplateError, raise_exception() in templates
+            raise TemplateError(
+                f"chat template of {self.name!r} failed to render: {type(exc).__name__}: {exc}"
+            ) from exc
+        return str(text)
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of ``text``; special tokens written in it are encoded as the specials."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Text of ``ids``, special tokens included."""
+        return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
+
+    def first_invalid_id(self, ids: Iterable[int]) -> int | None:
+        """The first id outside ``range(vocab_size)``, or None."""
+        size = self.vocab_size
+        for i in ids:
+            if not 0 <= i < size:
+                return int(i)
+        return None
+
+    def assistant_text(self, message: Message) -> str:
+        """What the model samples for the assistant ``message``, stop token included: the
+        template's rendering of it between the generation prompt and the turn's trailer."""
+        head = [{"role": "user", "content": _PROBE_USER}]
+        prompt = self.render(head, add_generation_prompt=True)
+        full = self.render([*head, dict(message)])
+        if not full.startswith(prompt) or not full.endswith(self._suffix):
+            raise TemplateError(
+                f"chat template of {self.name!r} does not render an assistant turn as the "
+                "generation prompt followed by the reply and its end"
+            )
+        return full[len(prompt) : len(full) - len(self._suffix)] + self.stop_text
+
+    # --- outputs -------------------------------------------------------------------------
+
+    def parse(self, output: str | Sequence[int]) -> ParsedOutput:
+        """Reasoning, content and tool calls of one output (ids or decoded text).
+
+        Ill-formed (with a reason for the model): a tool-call block that does not parse, an
+        unknown tool, a missing required argument; when tools are declared, an output that
+        calls none is ill-formed too (the agent works only through its tools).
+        """
+        text = output if isinstance(output, str) else self.decode(output)
+        if text.endswith(self.stop_text):
+            text = text[: -len(self.stop_text)]
+        reasoning, rest = split_reasoning(text)
+        content, calls, error = self.parser.parse(rest)
+        if not error and self.tools:
+            error = validate_tool_calls(calls, self.tools)
+            if not error and not calls:
+                error = "no tool call: call one of the tools " + ", ".join(
+                    str(t.get("function", t).get("name")) for t in self.tools
+                )
+        return ParsedOutput(
+            text=text,
+            reasoning=reasoning,
+            content=content,
+            tool_calls=tuple(calls) if not error else (),
+            ill_formed=bool(error),
+            error=error,
+        )
+
+    # --- histories ---------------------------------------------------------------------------
+
+    def start(self, messages: Sequence[Message]) -> TokenHistory:
+        """A history whose prompt is ``messages`` rendered with the generation prompt (the one
+        whole-conversation encoding of an episode)."""
+        return TokenHistory(self, messages)
+
+    # --- start-up checks ------------------------------------------------------------------
+
+    def _probe(self) -> None:
+        head = [
+            {"role": "system", "content": _PROBE_SYSTEM},
+            {"role": "user", "content": _PROBE_USER},
+        ]
+        reply = self.render([head[1], {"role": "assistant", "content": _PROBE_REPLY}])
+        if _PROBE_REPLY not in reply:
+            raise TemplateError(f"chat template of {self.name!r} drops the assistant's content")
+        suffix = reply[reply.rindex(_PROBE_REPLY) + len(_PROBE_REPLY) :]
+        if not suffix.startswith(self.stop_text):
+            raise TemplateError(
+                f"chat template of {self.name!r} does not end an assistant turn with the eos "
+                f"token {self.stop_text!r} (it renders {suffix[:40]!r})"
+            )
+        #: What the template puts after an assistant's content: the stop token and a trailer.
+        self._suffix = suffix
+        if not self.tools:
+            return
+        prompt = self.render(head, add_generation_prompt=True)
+        for tool in self.tools:
+            fn = tool.get("function", tool)
+            for needle in (fn.get("name"), fn.get("description")):
+                if needle and str(needle) not in prompt:
+                    raise TemplateError(
+                        f"chat template of {self.name!r} cannot render tools: the tool "
+                        f"{fn.get('name')!r} does not appear in the rendered prompt"
+                    )
+        first = self.tools[0].get("function", self.tools[0])
+        props = (first.get("parameters") or {}).get("properties") or {}
+        arg = next(iter(props), "command")
+        call = ToolCall(str(first.get("name")), {arg: _PROBE_ARG})
+        message = ParsedOutput(text="", content="", tool_calls=(call,)).message()
+        sampled = self.assistant_text(message)
+        parsed = self.parse(sampled)
+        if parsed.tool_calls != (call,):
+            raise TemplateError(
+                f"chat template of {self.name!r} renders a tool call that the "
+                f"{self.parser.name!r} parser does not read back ({parsed.error or parsed.text!r}); "
+                "set SWE_TOOL_PARSER to the checkpoint's format"
+            )
+        tool_turn = self.render(
+            [*head, message, {"role": "tool", "content": _PROBE_TOOL_OUTPUT}],
+            add_generation_prompt=True,
+        )
+        if _PROBE_TOOL_OUTPUT not in tool_turn:
+            raise TemplateError(f"chat template of {self.name!r} drops tool results")
+
+
+class TokenHistory:
+    """An append-only token history of one conversation with a :class:`ChatModel`.
+
+    ``ids`` (int32, ``array('i')``) is always the next prompt. Each turn::
+
+        out = await policy.generate(history.ids, ...)
+        parsed = history.append_output(out.output_ids)          # the exact sampled ids
+        history.append_messages([{"role": "tool", "content": result}])
+
+    The delta of new messages is rendered in a minimal context (placeholder system and user
+    messages, the last assistant message, the new messages) so its cost does not grow with the
+    conversation, then encoded alone. When the template renders the new messages in a way
+    that changes earlier turns and a ``user`` or ``system`` message is among them,
+    :class:`NotAppendOnlyError` is raised: :meth:`fork` starts over from the whole conversation.
+    """
+
+    def __init__(self, model: ChatModel, messages: Sequence[Message]) -> None:
+        if not messages:
+            raise InvalidArgumentError("a conversation needs at least one message")
+        self.model = model
+        #: Every message so far, assistant turns as parsed (what :meth:`fork` renders).
+        self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
+        self.ids = array("i", model.encode(model.render(self.messages, add_generation_prompt=True)))
+        #: Index in ``ids`` where the current prompt's generation starts.
+        self.prompt_length = len(self.ids)
+        self._head = [
+            {"role": m["role"], "content": _PROBE_SYSTEM if m["role"] == "system" else _PROBE_USER}
+            for m in self.messages[:2]
+            if m.get("role") in ("system", "user")
+        ] or [{"role": "user", "content": _PROBE_USER}]
+        self._last: dict[str, Any] | None = None  # the assistant turn awaiting a delta
+        self._ended = True
+        self._stats = {"turns": 0, "deltas": 0, "delta_tokens": 0, "rewritten_turns": 0}
+
+    def statistics(self) -> HistoryStatistics:
+        """See :class:`HistoryStatistics`."""
+        return HistoryStatistics(**self._stats)
+
+    def append_output(
+        self, output_ids: Sequence[int], parsed: ParsedOutput | None = None
+    ) -> ParsedOutput:
+        """Append the exact sampled ids; return the parsed output (parsed here if not given).
+
+        Raises:
+            InvalidArgumentError: an id is outside the vocabulary, or the last output still
+                awaits its delta.
+        """
+        if self._last is not None:
+            raise InvalidArgumentError("append_messages() must follow each append_output()")
+        bad = self.model.first_invalid_id(output_ids)
+        if bad is not None:
+            raise InvalidArgumentError(
+                f"token id {bad} is outside the vocabulary of {self.model.name!r} "
+                f"(size {self.model.vocab_size})"
+            )
+        if parsed is None:
+            parsed = self.model.parse(output_ids)
+        self.ids.extend(output_ids)
+        self._ended = bool(output_ids) and output_ids[-1] == self.model.stop_id
+        self._last = parsed.message()
+        self.messages.append(self._last)
+        self._stats["turns"] += 1
+        return parsed
+
+    def delta_text(self, new: Sequence[Message]) -> str:
+        """The text :meth:`append_messages` would encode (without appending it)."""
+        if self._last is None:
+            raise InvalidArgumentError("append_output() must come before append_messages()")
+        model = self.model
+        ctx = [*self._head, self._last]
+        base = model.render(ctx)
+        full = model.render([*ctx, *(dict(m) for m in new)], add_generation_prompt=True)
+        if full.startswith(base):
+            rest = full[len(base) :]
+        else:
+            head_text = model.render(self._head)
+            boundary = self._turn_end(full, len(head_text)) if full.startswith(head_text) else -1
+            if boundary < 0 or any(m.get("role") in ("user", "system") for m in new):
+                raise NotAppendOnlyError(
+                    f"chat template of {model.name!r} re-renders the previous assistant turn "
+                    f"when {', '.join(str(m.get('role')) for m in new)} message(s) follow "
+                    f"(first difference at {_first_difference(base, full)!r}): fork"
+                )
+            self._stats["rewritten_turns"] += 1
+            rest = full[boundary:]
+        trailer = model._suffix[len(model.stop_text) :] if self._ended else model._suffix
+        return trailer + rest
+
+    def append_messages(self, new: Sequence[Message]) -> list[int]:
+        """Append the template's rendering of ``new`` (with the next generation prompt);
+        return the ids added.
+
+        Raises:
+            NotAppendOnlyError: see the class docstring.
+            InvalidArgumentError: no output was appended since the last delta.
+        """
+        text = self.delta_text(new)
+        delta = self.model.encode(text)
+        self.ids.extend(delta)
+        self.messages.extend(dict(m) for m in new)
+        self.prompt_length = len(self.ids)
+        self._last = None
+        self._stats["deltas"] += 1
+        self._stats["delta_tokens"] += len(delta)
+        return delta
+
+    def fork(self, new: Sequence[Message] = ()) -> TokenHistory:
+        """A fresh history of the whole conversation so far plus ``new``, rendered whole."""
+        return TokenHistory(self.model, [*self.messages, *(dict(m) for m in new)])
+
+    def _turn_end(self, full: str, start: int) -> int:
+        """Where the first assistant turn after ``start`` ends in ``full`` (after its
+        trailer), or -1."""
+        suffix = self.model._suffix
+        pos = full.find(suffix, start)
+        return -1 if pos < 0 else pos + len(suffix)
+
+
+def _first_difference(a: str, b: str) -> str:
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return a[max(n - 20, 0) : n + 20]
