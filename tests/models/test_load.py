@@ -101,3 +101,11 @@ def test_checkpoint_dir_is_copied_not_shared(tmp_path: Path, qwen3_path: Path) -
     assert tok is not load_tokenizer(qwen3_path)
     assert tok.encode("hello world") == load_tokenizer(qwen3_path).encode("hello world")
     assert json.loads((ckpt / "tokenizer_config.json").read_text())["eos_token"] == "<|im_end|>"
+
+
+def test_importing_the_package_does_not_import_transformers() -> None:
+    import subprocess
+    import sys
+
+    code = "import sys, trio_swe, trio_swe.models; assert 'transformers' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
