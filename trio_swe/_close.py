@@ -1,47 +1,41 @@
 """Closing resources on the way out: shielded, bounded, and never failing the caller.
 
-Used wherever a run ends and its agents' HTTP clients or a backend's connection pools must be
-closed even under cancellation (``trio-swe run``, slime's generate).
+Agents and backends are :class:`trio.abc.AsyncResource`-shaped (an ``aclose()``), so closing
+them is one call each. Used wherever a run ends and its agents' HTTP clients or a backend's
+connection pools must be closed even under cancellation (``trio-swe run``, slime's generate).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import Protocol
 
 import trio
 
-from .agents import Agent
-
-__all__ = ["agent_closer", "close_quietly"]
+__all__ = ["Closeable", "aclose_quietly"]
 
 logger = logging.getLogger(__name__)
 
 
-async def close_quietly(closers: Iterable[Callable[[], Any] | None], *, timeout_sec: float) -> None:
-    """Call each closer (awaiting it if it returns an awaitable), shielded and bounded.
+class Closeable(Protocol):
+    """Anything with trio's ``aclose()``: agents, backends, policies."""
+
+    async def aclose(self) -> None: ...
+
+
+async def aclose_quietly(resources: Iterable[Closeable | None], *, timeout_sec: float) -> None:
+    """``aclose()`` each resource, shielded from cancellation and bounded by ``timeout_sec``.
 
     Closing connections must not be skipped by a cancellation, and a broken connection that
     fails to close must not fail the caller: the failure is logged.
     """
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + timeout_sec
-        for close in closers:
-            if close is None:
+        for resource in resources:
+            if resource is None:
                 continue
             try:
-                result = close()
-                if inspect.isawaitable(result):
-                    await result
+                await resource.aclose()
             except Exception:
-                logger.warning("closing %r failed", close, exc_info=True)
-
-
-def agent_closer(agent: Agent) -> Callable[[], Any] | None:
-    """The agent's ``aclose``, or its policy's (the bash agent's SGLang client), if any."""
-    close = getattr(agent, "aclose", None)
-    if close is None:
-        close = getattr(getattr(agent, "policy", None), "aclose", None)
-    return close if callable(close) else None
+                logger.warning("closing %r failed", resource, exc_info=True)

@@ -1,16 +1,85 @@
-"""The error hierarchy of trio_swe, rooted at :class:`TrioSweError`.
+"""The error hierarchy of trio_swe, rooted at :class:`TrioSweError`, and its failure vocabulary.
 
-Infrastructure failures (the sandbox could not be booted, reached or kept alive) derive from
-:class:`SandboxError`; a trainer drops the episode instead of training on a fake zero reward.
-Task outcomes (a command exiting non-zero, a patch that does not apply, a test suite that times
-out) are *results*, never exceptions.
+Infrastructure failures (the sandbox could not be booted, reached or kept alive; the policy
+server failed; an agent could not be installed) are exceptions, and each class carries the
+:data:`AbortReason` an episode ends with when it escapes (``abort_reason``), so
+:func:`trio_swe.run_episode` maps every one of them with a single ``except``. A trainer drops an
+aborted episode instead of training on a fake zero reward. Task outcomes (a command exiting
+non-zero, a patch that does not apply, a test suite that times out) are *results*, never
+exceptions: an :class:`~trio_swe.ExecResult` says why a command ended (``ExecReason``), an
+:class:`~trio_swe.EvalResult` why grading gave its reward. The three vocabularies side by side
+are in ``docs/episodes.md`` ("Failure vocabulary").
+
+============================  =======================  =========================================
+exception                     ``abort_reason``         raised when
+============================  =======================  =========================================
+SandboxBootError              ``boot_failed``          a sandbox did not boot (after retries)
+BackendUnavailableError       ``boot_failed``          the backend cannot work on this machine
+SandboxError (others)         ``sandbox_error``        a sandbox died or stopped answering
+SetupFailedError              ``setup_failed``         pre-commands or workspace preparation
+AgentInstallError             ``agent_install_failed`` a CLI agent could not be installed
+PolicyError                   ``policy_error``         the policy server failed
+PatchFailedError              ``patch_failed``         the patch could not be taken
+EvalInfrastructureError       ``eval_infrastructure``  the eval sandbox or its setup failed
+TrioSweError (others)         ``internal_error``       a bug or a misuse; the traceback is logged
+============================  =======================  =========================================
 """
 
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
+__all__ = [
+    "AbortReason",
+    "AgentInstallError",
+    "BackendUnavailableError",
+    "ConfigError",
+    "DetachedCommandLostError",
+    "EvalInfrastructureError",
+    "InternalError",
+    "InvalidArgumentError",
+    "MetadataError",
+    "PatchFailedError",
+    "PolicyError",
+    "SampleDecodeError",
+    "SandboxBootError",
+    "SandboxError",
+    "SandboxFileNotFoundError",
+    "SandboxNotRunningError",
+    "SandboxUnreachableError",
+    "SetupFailedError",
+    "SpecBuildError",
+    "TrioSweError",
+]
+
+#: Why an episode was aborted. All are infrastructure outcomes, never the agent's fault.
+AbortReason = Literal[
+    "unevaluable",  # the row cannot be graded (checked before anything boots)
+    "boot_failed",  # the agent sandbox did not boot after the retries
+    "setup_failed",  # pre-commands or workspace preparation failed
+    "sandbox_error",  # a sandbox died or became unreachable mid-episode
+    "agent_install_failed",  # a CLI agent could not be installed
+    "policy_error",  # the policy server failed
+    "patch_failed",  # the patch could not be taken from the sandbox
+    "eval_infrastructure",  # the eval sandbox or its setup failed
+    "guard_timeout",  # the outer guard (agent + setup + eval + headroom) fired
+    "internal_error",  # a bug; the traceback is logged
+]
+
 
 class TrioSweError(Exception):
-    """Base class of every error raised by trio_swe."""
+    """Base class of every error raised by trio_swe.
+
+    Attributes:
+        abort_reason: the reason an episode is aborted with when this error escapes its phases
+            (a class attribute; ``internal_error`` for errors that are not infrastructure).
+    """
+
+    abort_reason: ClassVar[AbortReason] = "internal_error"
+
+
+class InternalError(TrioSweError):
+    """Several failures at once that no single error stands for (raised ``from`` their group)."""
 
 
 class InvalidArgumentError(TrioSweError, ValueError):
@@ -24,13 +93,19 @@ class ConfigError(TrioSweError, ValueError):
 class SandboxError(TrioSweError):
     """An infrastructure failure of a sandbox: not a task outcome."""
 
+    abort_reason: ClassVar[AbortReason] = "sandbox_error"
+
 
 class BackendUnavailableError(SandboxError):
     """The backend cannot work on this machine (e.g. ``bwrap`` is not installed)."""
 
+    abort_reason: ClassVar[AbortReason] = "boot_failed"
+
 
 class SandboxBootError(SandboxError):
     """The sandbox could not be created."""
+
+    abort_reason: ClassVar[AbortReason] = "boot_failed"
 
 
 class SandboxUnreachableError(SandboxError):
@@ -49,6 +124,36 @@ class SandboxFileNotFoundError(TrioSweError, FileNotFoundError):
     """``read_file`` of a path that does not exist in the sandbox."""
 
 
+class PolicyError(TrioSweError):
+    """The policy server failed (unreachable, HTTP error, malformed reply): infrastructure."""
+
+    abort_reason: ClassVar[AbortReason] = "policy_error"
+
+
+class AgentInstallError(TrioSweError):
+    """A CLI agent could not be installed in the sandbox after its retries (infrastructure)."""
+
+    abort_reason: ClassVar[AbortReason] = "agent_install_failed"
+
+
+class SetupFailedError(TrioSweError):
+    """The agent's workspace could not be prepared (pre-commands failed, no base commit)."""
+
+    abort_reason: ClassVar[AbortReason] = "setup_failed"
+
+
+class PatchFailedError(TrioSweError):
+    """The agent's patch could not be taken from its sandbox."""
+
+    abort_reason: ClassVar[AbortReason] = "patch_failed"
+
+
+class EvalInfrastructureError(TrioSweError):
+    """Grading could not run: the eval sandbox failed, or its setup did (not the patch's fault)."""
+
+    abort_reason: ClassVar[AbortReason] = "eval_infrastructure"
+
+
 class MetadataError(TrioSweError, ValueError):
     """A dataset row cannot be graded: a field is missing or malformed.
 
@@ -60,6 +165,20 @@ class MetadataError(TrioSweError, ValueError):
         super().__init__(f"{field}: {problem}")
         self.field = field
         self.problem = problem
+
+
+class SpecBuildError(TrioSweError):
+    """SWE-bench's eval script could not be built for a row.
+
+    Attributes:
+        reason: a short machine-readable string (``swebench_import_failed``, ...).
+        detail: the human-readable rest.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
 
 
 class SampleDecodeError(TrioSweError, ValueError):

@@ -31,8 +31,9 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ._close import agent_closer, close_quietly
+from ._close import aclose_quietly
 from ._errors import ConfigError, MetadataError, TrioSweError
+from ._groups import leaves
 from .agents import Agent, create_agent
 from .config import BACKENDS, SweConfig
 from .episode import EpisodeResult, PhaseTimings
@@ -306,7 +307,7 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
 
 async def _close_agent(agent: Agent) -> None:
     """Close the agent's HTTP client (the bash agent's policy), even on the way out of a cancel."""
-    await close_quietly([agent_closer(agent)], timeout_sec=10.0)
+    await aclose_quietly([agent], timeout_sec=10.0)
 
 
 # --- trio-swe demo ---------------------------------------------------------------------------
@@ -454,16 +455,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
     """``exc`` if it is a ``kind``, or the first ``kind`` of a group made only of them."""
-    if isinstance(exc, kind):
-        return exc
-    if isinstance(exc, BaseExceptionGroup):
-        matched, rest = exc.split(kind)
-        if matched is not None and rest is None:
-            leaf: BaseException = matched
-            while isinstance(leaf, BaseExceptionGroup):
-                leaf = leaf.exceptions[0]
-            return leaf
-    return None
+    members = leaves(exc)
+    return members[0] if all(isinstance(m, kind) for m in members) else None
 
 
 if __name__ == "__main__":

@@ -23,17 +23,20 @@ import msgspec
 import trio
 
 from ._errors import (
+    AbortReason,
     BackendUnavailableError,
+    EvalInfrastructureError,
+    PatchFailedError,
     SandboxBootError,
     SandboxError,
+    SetupFailedError,
+    TrioSweError,
 )
-from .agents._harness import AgentInstallError
-from .agents._policy import PolicyError
-from .agents._types import Agent, AgentOutcome, AgentTask
+from ._groups import open_private_nursery
+from .agents import Agent, AgentOutcome, AgentTask
 from .config import SweConfig
 from .grading import EvalResult, InstanceMetadata, evaluability_check, run_evaluation
-from .sandbox import Backend, Sandbox, SandboxSpec, open_sandbox
-from .sandbox._detached import exec_and_wait
+from .sandbox import Backend, Sandbox, SandboxSpec, exec_and_wait, open_sandbox
 from .trajectory import Sample, SampleBuilder
 
 __all__ = [
@@ -42,6 +45,7 @@ __all__ = [
     "EpisodeStatus",
     "PhaseTimings",
     "run_episode",
+    "take_patch",
 ]
 
 logger = logging.getLogger("trio_swe.episode")
@@ -50,19 +54,7 @@ logger = logging.getLogger("trio_swe.episode")
 #: turn limit, context cap) and was graded anyway; ``aborted``: infrastructure failure, drop it.
 EpisodeStatus = Literal["completed", "truncated", "aborted"]
 
-#: Why an episode was aborted. All are infrastructure outcomes, never the agent's fault.
-AbortReason = Literal[
-    "unevaluable",  # the row cannot be graded (checked before anything boots)
-    "boot_failed",  # the agent sandbox did not boot after the retries
-    "setup_failed",  # pre-commands or workspace preparation failed
-    "sandbox_error",  # a sandbox died or became unreachable mid-episode
-    "agent_install_failed",  # a CLI agent could not be installed
-    "policy_error",  # the policy server failed
-    "patch_failed",  # the patch could not be taken from the sandbox
-    "eval_infrastructure",  # the eval sandbox or its setup failed
-    "guard_timeout",  # the outer guard (agent + setup + eval + headroom) fired
-    "internal_error",  # a bug; the traceback is logged
-]
+# AbortReason (why an episode was aborted) lives in _errors.py, next to the errors that carry it.
 
 #: The harness's own files in the workdir, never part of the patch.
 PROBLEM_STATEMENT_FILE = "PROBLEM_STATEMENT.md"
@@ -151,15 +143,6 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
         return self.status == "aborted"
 
 
-class _Abort(Exception):
-    """Internal: end the episode as aborted."""
-
-    def __init__(self, reason: AbortReason, error: str) -> None:
-        super().__init__(error)
-        self.reason: AbortReason = reason
-        self.error = error
-
-
 _BOOT_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
     "trio_swe_boot_limiter"
 )
@@ -197,6 +180,9 @@ class _BootingBackend:
     def statistics(self) -> Mapping[str, Any]:
         return self._backend.statistics()
 
+    async def aclose(self) -> None:
+        """The wrapped backend belongs to the caller: nothing to close here."""
+
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
         cfg = self._config
         last: SandboxError | None = None
@@ -226,20 +212,6 @@ class _BootingBackend:
         ) from last
 
 
-def _setup_script(md: InstanceMetadata) -> str | None:
-    """The shell lines that put the workspace in its graded state (pre-commands), or None."""
-    grading: Any = md.grading
-    lines: list[str] = []
-    swepro = getattr(grading, "swepro", None)
-    before = getattr(swepro, "before_repo_set_cmd", "") if swepro is not None else ""
-    if before and before.strip():
-        lines.append(before)
-    lines.extend(c for c in getattr(grading, "pre_commands", ()) if c and c.strip())
-    if not lines:
-        return None
-    return "set -e\n" + "\n".join(lines) + "\n"
-
-
 async def _prepare_workspace(
     sb: Sandbox, md: InstanceMetadata, agent_user: str, config: SweConfig
 ) -> str:
@@ -249,7 +221,7 @@ async def _prepare_workspace(
     which often check out the instance's base).
     """
     wd = shlex.quote(md.workdir)
-    script = _setup_script(md)
+    script = md.setup_script()
     if script is not None:
         result = await exec_and_wait(
             sb,
@@ -260,8 +232,7 @@ async def _prepare_workspace(
             want_output=True,
         )
         if not result.ok:
-            raise _Abort(
-                "setup_failed",
+            raise SetupFailedError(
                 f"pre-commands failed (exit {result.exit_code}, {result.reason}): "
                 f"{result.output[-500:]}",
             )
@@ -292,7 +263,7 @@ async def _prepare_workspace(
     lines = prep.output.strip().splitlines()
     commit = lines[-1].strip() if prep.ok and lines else ""
     if len(commit) < 40 or not all(c in "0123456789abcdef" for c in commit):
-        raise _Abort("setup_failed", f"workspace preparation failed: {prep.output[-300:]}")
+        raise SetupFailedError(f"workspace preparation failed: {prep.output[-300:]}")
     if not inline:
         await sb.write_file(statement_path, md.problem_statement, user=agent_user)
     return commit
@@ -320,7 +291,7 @@ async def take_patch(sb: Sandbox, workdir: str, base_commit: str, *, agent_user:
         timeout=_SHORT_TIMEOUT_SEC,
     )
     if not result.ok:
-        raise _Abort("patch_failed", f"git diff failed (exit {result.exit_code}): {result.output}")
+        raise PatchFailedError(f"git diff failed (exit {result.exit_code}): {result.output}")
     if not result.output_truncated:
         return result.output
     data = await sb.read_file(out)
@@ -370,194 +341,198 @@ async def run_episode(
         The result; see :class:`EpisodeResult`.
     """
     cfg = config if config is not None else SweConfig.from_env()
-    eid = episode_id or f"{md.instance_id}#{uuid.uuid4().hex[:12]}"
+    episode = _Episode(
+        md,
+        agent,
+        _BootingBackend(backend, limiter or boot_limiter(cfg), cfg),
+        cfg,
+        episode_id=episode_id or f"{md.instance_id}#{uuid.uuid4().hex[:12]}",
+        sampling_params=sampling_params,
+    )
     started = time.monotonic()
-    timings = PhaseTimings()
-    booting = _BootingBackend(backend, limiter or boot_limiter(cfg), cfg)
-    result = EpisodeResult(
-        instance_id=md.instance_id, episode_id=eid, protocol=md.protocol, status="aborted"
-    )
-
-    def abort(reason: AbortReason, error: str) -> EpisodeResult:
-        result.status = "aborted"
-        result.abort_reason = reason
-        result.error = error
-        result.reward = 0.0
-        result.samples = []
-        return result
-
-    try:
-        with trio.move_on_after(cfg.guard_sec) as guard:
-            try:
-                unevaluable = evaluability_check(md)
-                if unevaluable:
-                    return abort("unevaluable", unevaluable)
-                await _episode_body(
-                    md,
-                    agent,
-                    booting,
-                    cfg,
-                    result,
-                    timings,
-                    sampling_params,
-                    network,
-                    build_samples,
-                )
-            except _Abort as exc:
-                return abort(exc.reason, exc.error)
-            except SandboxBootError as exc:
-                return abort("boot_failed", str(exc))
-            except BackendUnavailableError as exc:
-                return abort("boot_failed", str(exc))
-            except SandboxError as exc:
-                return abort("sandbox_error", f"{type(exc).__name__}: {exc}")
-            except PolicyError as exc:
-                return abort("policy_error", str(exc))
-            except AgentInstallError as exc:
-                return abort("agent_install_failed", str(exc))
-            except Exception as exc:
-                logger.exception("episode %s failed with an unexpected error", eid)
-                return abort("internal_error", f"{type(exc).__name__}: {exc}")
-        if guard.cancelled_caught:
-            return abort("guard_timeout", f"the episode outlived its guard of {cfg.guard_sec:g} s")
-        return result
-    finally:
-        timings.total = time.monotonic() - started
-        result.timings = timings
-        result.boot_attempts = booting.attempts
-        result.boot_retries = booting.retries
+    abort: tuple[AbortReason, str] | None = None
+    with trio.move_on_after(cfg.guard_sec) as guard:
+        try:
+            unevaluable = evaluability_check(md)
+            if unevaluable:
+                abort = ("unevaluable", unevaluable)
+            else:
+                await episode.run(network=network, build_samples=build_samples)
+        except Exception as exc:
+            # One mapping for every failure: each trio_swe error names its own abort reason.
+            abort = _abort_of(exc, episode.episode_id)
+    if guard.cancelled_caught:
+        abort = ("guard_timeout", f"the episode outlived its guard of {cfg.guard_sec:g} s")
+    return episode.result(abort, total_sec=time.monotonic() - started)
 
 
-async def _agent_phase(
-    sb: Sandbox,
-    md: InstanceMetadata,
-    agent: Agent,
-    agent_user: str,
-    cfg: SweConfig,
-    result: EpisodeResult,
-    timings: PhaseTimings,
-    sampling_params: Mapping[str, Any] | None,
-) -> AgentOutcome:
-    """Prepare the workspace, run the agent under its budget, take the patch."""
-    t1 = time.monotonic()
-    base = await _prepare_workspace(sb, md, agent_user, cfg)
-    result.base_commit = base
-    t2 = time.monotonic()
-    timings.setup = t2 - t1
-    task = AgentTask(
-        instance_id=md.instance_id,
-        session_id=result.episode_id,
-        problem_statement=md.problem_statement,
-        workdir=md.workdir,
-        problem_statement_path=f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
-        time_budget_sec=cfg.agent_time_budget_sec,
-        max_context_tokens=cfg.max_context_tokens,
-        sampling_params=dict(sampling_params or {}),
-    )
-    outcome: AgentOutcome | None = None
-    # The agent keeps its own budget and returns its turns; this scope only catches an agent
-    # that ignores it.
-    with trio.move_on_after(cfg.agent_time_budget_sec + AGENT_GRACE_SEC):
-        outcome = await agent.run(sb, task)
-    if outcome is None:
-        outcome = AgentOutcome(exit_code=-1, finish="time_budget")
-    t3 = time.monotonic()
-    timings.agent = t3 - t2
-    timings.agent_commands = outcome.command_sec
-    timings.agent_policy = outcome.policy_sec
-    result.agent_exit_code = outcome.exit_code
-    result.agent_finish = outcome.finish
-    result.n_turns = len(outcome.turns)
-    result.agent_output = outcome.output[-4000:]
-    result.patch = await take_patch(sb, md.workdir, base, agent_user=agent_user)
-    timings.patch = time.monotonic() - t3
-    return outcome
+def _abort_of(exc: Exception, episode_id: str) -> tuple[AbortReason, str]:
+    reason: AbortReason = exc.abort_reason if isinstance(exc, TrioSweError) else "internal_error"
+    if reason == "internal_error":
+        logger.exception("episode %s failed with an unexpected error", episode_id)
+    return reason, f"{type(exc).__name__}: {exc}"
 
 
-async def _grade(
-    backend: _BootingBackend, md: InstanceMetadata, result: EpisodeResult, cfg: SweConfig
-) -> EvalResult:
-    """Grade the patch in a fresh sandbox; its infrastructure failures abort the episode."""
-    try:
-        return await run_evaluation(backend, md, result.patch, timeout_sec=cfg.eval_timeout_sec)
-    except SandboxError as exc:
-        raise _Abort("eval_infrastructure", f"{type(exc).__name__}: {exc}") from exc
+class _Episode:
+    """One run of :func:`run_episode`: the phases in order, and what each one produced.
 
+    The phases run in :meth:`run` and return their values to it; it keeps them here, and
+    :meth:`result` is the one place that turns them into an :class:`EpisodeResult` (whatever
+    phase the episode got to before it ended or was aborted).
+    """
 
-async def _episode_body(
-    md: InstanceMetadata,
-    agent: Agent,
-    backend: _BootingBackend,
-    cfg: SweConfig,
-    result: EpisodeResult,
-    timings: PhaseTimings,
-    sampling_params: Mapping[str, Any] | None,
-    network: bool,
-    build_samples: bool,
-) -> None:
-    agent_user = str(getattr(agent, "user", "agent"))
-    release = trio.Event()
+    def __init__(
+        self,
+        md: InstanceMetadata,
+        agent: Agent,
+        backend: _BootingBackend,
+        config: SweConfig,
+        *,
+        episode_id: str,
+        sampling_params: Mapping[str, Any] | None,
+    ) -> None:
+        self.md = md
+        self.agent = agent
+        self.backend = backend
+        self.config = config
+        self.episode_id = episode_id
+        self.sampling_params = dict(sampling_params or {})
+        self.timings = PhaseTimings()
+        self.base_commit: str | None = None
+        self.outcome: AgentOutcome | None = None
+        self.patch = ""
+        self.eval_result: EvalResult | None = None
+        self.samples: list[Sample] = []
 
-    async def hold_sandbox(*, task_status: trio.TaskStatus[Sandbox]) -> None:
-        # The episode's nursery owns the agent's sandbox through this task: it lives until
-        # `release` is set (or the episode fails or is cancelled), then is killed here, in the
-        # background, while grading boots its own sandbox.
-        async with open_sandbox(
-            backend,
-            md.image,
-            workdir=md.workdir,
-            network=network,
-            ttl_sec=cfg.guard_sec,
-            metadata={"instance_id": md.instance_id[:200], "episode_id": result.episode_id[:200]},
-        ) as sandbox:
-            task_status.started(sandbox)
-            await release.wait()
-            t_kill = time.monotonic()
-        timings.kill = time.monotonic() - t_kill
+    async def run(self, *, network: bool, build_samples: bool) -> None:
+        timings = self.timings
+        release = trio.Event()
 
-    try:
-        async with trio.open_nursery() as nursery:
+        async def hold_sandbox(*, task_status: trio.TaskStatus[Sandbox]) -> None:
+            # The episode's nursery owns the agent's sandbox through this task: it lives until
+            # `release` is set (or the episode fails or is cancelled), then is killed here, in
+            # the background, while grading boots its own sandbox.
+            async with open_sandbox(
+                self.backend,
+                self.md.image,
+                workdir=self.md.workdir,
+                network=network,
+                ttl_sec=self.config.guard_sec,
+                metadata={
+                    "instance_id": self.md.instance_id[:200],
+                    "episode_id": self.episode_id[:200],
+                },
+            ) as sandbox:
+                task_status.started(sandbox)
+                await release.wait()
+                t_kill = time.monotonic()
+            timings.kill = time.monotonic() - t_kill  # read after the nursery has joined
+
+        async with open_private_nursery(f"the agent sandbox of {self.episode_id}") as nursery:
             t0 = time.monotonic()
             sb: Sandbox = await nursery.start(hold_sandbox)
-            t1 = time.monotonic()
-            timings.boot = t1 - t0
-            outcome = await _agent_phase(
-                sb, md, agent, agent_user, cfg, result, timings, sampling_params
-            )
+            timings.boot = time.monotonic() - t0
+            await self._agent_phase(sb)
             t4 = time.monotonic()
             release.set()  # kill the agent's sandbox while grading starts
-            eval_result = await _grade(backend, md, result, cfg)
+            self.eval_result = await self._grade()
             timings.eval = time.monotonic() - t4
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
-    t6 = time.monotonic()
-    timings.eval_tests = float(eval_result.durations.get("tests", 0.0))
-    result.eval_result = eval_result
-    if eval_result.infra_failure:
-        raise _Abort("eval_infrastructure", f"{eval_result.reason}: {eval_result.detail}")
-    result.reward = eval_result.reward
-    result.status = _status_of(outcome)
+        timings.eval_tests = float(self.eval_result.durations.get("tests", 0.0))
+        if self.eval_result.infra_failure:
+            raise EvalInfrastructureError(f"{self.eval_result.reason}: {self.eval_result.detail}")
+        if build_samples:
+            t6 = time.monotonic()
+            self.samples = self._samples()
+            timings.samples = time.monotonic() - t6
 
-    if build_samples and outcome.turns:
+    async def _agent_phase(self, sb: Sandbox) -> None:
+        """Prepare the workspace, run the agent under its budget, take the patch."""
+        md, cfg, timings = self.md, self.config, self.timings
+        user = self.agent.user
+        t1 = time.monotonic()
+        self.base_commit = base = await _prepare_workspace(sb, md, user, cfg)
+        t2 = time.monotonic()
+        timings.setup = t2 - t1
+        task = AgentTask(
+            instance_id=md.instance_id,
+            session_id=self.episode_id,
+            problem_statement=md.problem_statement,
+            workdir=md.workdir,
+            problem_statement_path=f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
+            time_budget_sec=cfg.agent_time_budget_sec,
+            max_context_tokens=cfg.max_context_tokens,
+            sampling_params=self.sampling_params,
+        )
+        outcome: AgentOutcome | None = None
+        # The agent keeps its own budget and returns its turns; this scope only catches an
+        # agent that ignores it.
+        with trio.move_on_after(cfg.agent_time_budget_sec + AGENT_GRACE_SEC):
+            outcome = await self.agent.run(sb, task)
+        self.outcome = outcome or AgentOutcome(exit_code=-1, finish="time_budget")
+        t3 = time.monotonic()
+        timings.agent = t3 - t2
+        timings.agent_commands = self.outcome.command_sec
+        timings.agent_policy = self.outcome.policy_sec
+        self.patch = await take_patch(sb, md.workdir, base, agent_user=user)
+        timings.patch = time.monotonic() - t3
+
+    async def _grade(self) -> EvalResult:
+        """Grade the patch in a fresh sandbox; its infrastructure failures abort the episode."""
+        try:
+            return await run_evaluation(
+                self.backend, self.md, self.patch, timeout_sec=self.config.eval_timeout_sec
+            )
+        except SandboxError as exc:
+            raise EvalInfrastructureError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _samples(self) -> list[Sample]:
+        outcome, eval_result = self.outcome, self.eval_result
+        assert outcome is not None
+        assert eval_result is not None
+        if not outcome.turns:
+            return []
         # Agents that keep the token history canonical (the bash agent) get the strict
         # builder: a turn that is not a clean continuation is a bug to see, not a fork.
         builder = SampleBuilder(
-            max_sample_tokens=cfg.max_context_tokens or None,
-            append_only=bool(getattr(agent, "append_only", False)),
+            max_sample_tokens=self.config.max_context_tokens or None,
+            append_only=self.agent.append_only,
         )
         for turn in outcome.turns:
             builder.add(turn)
-        result.samples = builder.finish(
+        return builder.finish(
             reward=eval_result.reward,
             metadata={
-                "instance_id": md.instance_id,
-                "episode_id": result.episode_id,
+                "instance_id": self.md.instance_id,
+                "episode_id": self.episode_id,
                 "grading_solved": eval_result.resolved,
                 "agent_exit_code": outcome.exit_code,
                 "agent_finish": outcome.finish,
-                "episode_status": result.status,
+                "episode_status": _status_of(outcome),
             },
         )
-    timings.samples = time.monotonic() - t6
+
+    def result(self, abort: tuple[AbortReason, str] | None, *, total_sec: float) -> EpisodeResult:
+        """The episode's result: what the phases produced, and the abort if there was one."""
+        outcome, eval_result = self.outcome, self.eval_result
+        self.timings.total = total_sec
+        ran = outcome is not None and eval_result is not None and abort is None
+        return EpisodeResult(
+            instance_id=self.md.instance_id,
+            episode_id=self.episode_id,
+            protocol=self.md.protocol,
+            status=_status_of(outcome) if ran and outcome is not None else "aborted",
+            abort_reason=abort[0] if abort is not None else None,
+            error=abort[1] if abort is not None else None,
+            reward=eval_result.reward if ran and eval_result is not None else 0.0,
+            eval_result=eval_result,
+            samples=self.samples if ran else [],
+            agent_exit_code=outcome.exit_code if outcome is not None else None,
+            agent_finish=outcome.finish if outcome is not None else None,
+            n_turns=len(outcome.turns) if outcome is not None else 0,
+            agent_output=outcome.output[-4000:] if outcome is not None else "",
+            patch=self.patch,
+            base_commit=self.base_commit,
+            timings=self.timings,
+            boot_attempts=self.backend.attempts,
+            boot_retries=self.backend.retries,
+        )

@@ -18,6 +18,7 @@ from typing import Any
 import trio
 
 from ._errors import ConfigError
+from ._groups import open_private_nursery
 from .agents import Agent
 from .config import SweConfig
 from .episode import EpisodeResult, boot_limiter, run_episode
@@ -103,15 +104,10 @@ async def run_rollouts(
                 await slots.acquire_on_behalf_of(borrower)
                 nursery.start_soon(one, md, borrower, send.clone())
 
-    try:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(drive, nursery)
-            async with receive:
-                yield receive
-            # The consumer is done (exhausted the results, or left early): stop what still runs.
-            nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        # The caller's own exception comes out as itself, not wrapped in our nursery's group.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+    # The nursery is ours: the consumer's own exception comes out as itself, not in a group.
+    async with open_private_nursery("an episode of run_rollouts") as nursery:
+        nursery.start_soon(drive, nursery)
+        async with receive:
+            yield receive
+        # The consumer is done (exhausted the results, or left early): stop what still runs.
+        nursery.cancel_scope.cancel()

@@ -25,7 +25,7 @@ from ._harness import (
 )
 from ._policy import Policy, PolicyError, PolicyOutput, SGLangPolicy
 from ._tokenizer import ByteTokenizer, Tokenizer
-from ._types import Agent, AgentFinish, AgentOutcome, AgentTask
+from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = [
     "Agent",
@@ -34,6 +34,7 @@ __all__ = [
     "AgentInstallError",
     "AgentOutcome",
     "AgentTask",
+    "BaseAgent",
     "BashAgent",
     "ByteTokenizer",
     "NpmCliAgent",

@@ -19,7 +19,7 @@ from ..sandbox import Sandbox
 from ..trajectory import TurnRecord
 from ._policy import Policy, PolicyError
 from ._tokenizer import Tokenizer
-from ._types import AgentFinish, AgentOutcome, AgentTask
+from ._types import AgentFinish, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = ["BashAgent", "render_first_prompt"]
 
@@ -73,7 +73,7 @@ def parse_command(text: str) -> str | None:
     return command or None
 
 
-class BashAgent:
+class BashAgent(BaseAgent):
     """An agent loop in Python over a :class:`~trio_swe.agents.Policy`.
 
     Each turn: call the policy on the token history, record a :class:`~trio_swe.TurnRecord`,
@@ -91,6 +91,8 @@ class BashAgent:
         observation_max_chars: the tail of a command's output shown to the policy.
         sampling_params: defaults under the task's own sampling parameters.
         user: who runs the commands in the sandbox.
+        owns_policy: :meth:`aclose` closes the policy too (the agent registry's bash agent
+            owns its SGLang client; a policy you pass in stays yours by default).
     """
 
     name = "bash"
@@ -107,14 +109,21 @@ class BashAgent:
         observation_max_chars: int = 4000,
         sampling_params: dict[str, Any] | None = None,
         user: str = "agent",
+        owns_policy: bool = False,
     ) -> None:
         self.policy = policy
+        self.owns_policy = owns_policy
         self.tokenizer = tokenizer
         self.max_turns = max_turns
         self.command_timeout_sec = command_timeout_sec
         self.observation_max_chars = observation_max_chars
         self.sampling_params = {**_DEFAULT_SAMPLING, **(sampling_params or {})}
         self.user = user
+
+    async def aclose(self) -> None:
+        """Close the policy if this agent owns it (see ``owns_policy``)."""
+        if self.owns_policy and isinstance(self.policy, trio.abc.AsyncResource):
+            await self.policy.aclose()
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import trio
 
-from .._errors import ConfigError, InvalidArgumentError, TrioSweError
+from .._errors import AgentInstallError, ConfigError, InvalidArgumentError
 from ..config import SweConfig
 from ..sandbox import ExecResult, Sandbox
 from ..sandbox._detached import exec_and_wait
-from ._types import Agent, AgentOutcome, AgentTask
+from ._types import Agent, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = [
     "AgentInstallError",
@@ -40,10 +40,6 @@ DEFAULT_CLI_PROMPT = (
 )
 
 _LOG_TAIL = 2000
-
-
-class AgentInstallError(TrioSweError):
-    """A CLI agent could not be installed in the sandbox after its retries (infrastructure)."""
 
 
 async def install_npm_cli(
@@ -146,7 +142,7 @@ async def run_agent(
     )
 
 
-class NpmCliAgent:
+class NpmCliAgent(BaseAgent):
     """A coding-agent CLI shipped as an npm package: installed, then run once per episode.
 
     ``start_cmd`` is a shell command template with ``{prompt}`` (shell-quoted), ``{workdir}``
@@ -273,6 +269,7 @@ def _bash_factory(config: SweConfig) -> Agent:
         max_turns=config.max_turns,
         command_timeout_sec=config.command_timeout_sec,
         observation_max_chars=config.observation_max_chars,
+        owns_policy=True,
     )
 
 

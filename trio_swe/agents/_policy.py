@@ -5,20 +5,15 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
 import msgspec
 import trio
 
-from .._errors import TrioSweError
+from .._errors import PolicyError
 
 __all__ = ["Policy", "PolicyError", "PolicyOutput", "SGLangPolicy"]
-
-
-class PolicyError(TrioSweError):
-    """The policy server failed (unreachable, HTTP error, malformed reply): infrastructure."""
 
 
 class PolicyOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,7 +80,7 @@ _decode_reply = msgspec.json.Decoder(_GenerateReply).decode
 ABORT_TIMEOUT_SEC = 5.0
 
 
-class SGLangPolicy:
+class SGLangPolicy(trio.abc.AsyncResource):
     """A :class:`Policy` that calls SGLang's native ``/generate`` endpoint with token ids.
 
     It sends ``input_ids``, ``sampling_params`` and ``return_logprob: true`` and reads the sampled
@@ -127,17 +122,6 @@ class SGLangPolicy:
         )
         self._headers = dict(headers or {})
         self._stats = {"requests": 0, "aborts": 0, "errors": 0, "output_tokens": 0}
-
-    async def __aenter__(self) -> SGLangPolicy:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Close the HTTP client if this object created it."""

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
+import trio
 
 from ..sandbox import Sandbox
 from ..trajectory import TurnRecord
 
-__all__ = ["Agent", "AgentFinish", "AgentOutcome", "AgentTask"]
+__all__ = ["Agent", "AgentFinish", "AgentOutcome", "AgentTask", "BaseAgent"]
 
 #: How an agent's run ended.
 #:
@@ -77,10 +78,41 @@ class Agent(Protocol):
     overrun (``exit_code=-1``, ``finish="time_budget"``, the turns so far kept), and raise only
     for infrastructure failures (:class:`~trio_swe.SandboxError`,
     :class:`~trio_swe.agents.PolicyError`, :class:`~trio_swe.agents.AgentInstallError`).
+    An agent is a :class:`trio.abc.AsyncResource`: ``aclose()`` releases what it owns (its
+    policy's HTTP client), and ``async with agent:`` closes it. Subclass :class:`BaseAgent`
+    for the defaults.
+
+    Attributes:
+        name: the agent's name (``SWE_AGENT``).
+        user: the sandbox user it works as; the episode hands the workdir to this user.
+        append_only: its token history only ever grows (each prompt extends the previous one
+            with the sampled ids), so the episode builds samples in strict mode.
     """
 
     name: str
+    user: str
+    append_only: bool
 
     async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
         """Work on ``task`` in ``sandbox`` (already prepared) within ``task.time_budget_sec``."""
         ...
+
+    async def aclose(self) -> None:
+        """Release what the agent owns. Idempotent."""
+        ...
+
+
+class BaseAgent(trio.abc.AsyncResource):
+    """Defaults for :class:`Agent` implementations: user ``agent``, not append-only, and an
+    ``aclose`` that owns nothing."""
+
+    name: str = "agent"
+    user: str = "agent"
+    append_only: bool = False
+
+    async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
+        """Work on ``task``; see :class:`Agent`."""
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        """Nothing to release."""

@@ -24,7 +24,8 @@ import h11
 import msgspec
 import trio
 
-from ..agents._tokenizer import ByteTokenizer, Tokenizer
+from .._groups import open_private_nursery
+from ..agents import ByteTokenizer, Tokenizer
 
 __all__ = [
     "ScriptedCompletion",
@@ -260,18 +261,13 @@ async def open_scripted_policy_server(
         key_pattern=key_pattern,
         fallback=fallback,
     )
-    try:
-        async with trio.open_nursery() as nursery:
-            listeners = await nursery.start(
-                partial(trio.serve_tcp, server._serve_connection, 0, host="127.0.0.1")
-            )
-            server.port = listeners[0].socket.getsockname()[1]
-            try:
-                yield server
-            finally:
-                nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        # The caller's own exception comes out as itself, not wrapped in our nursery's group.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+    # The nursery is ours: the caller's own exception comes out as itself, not in a group.
+    async with open_private_nursery("the scripted policy server") as nursery:
+        listeners = await nursery.start(
+            partial(trio.serve_tcp, server._serve_connection, 0, host="127.0.0.1")
+        )
+        server.port = listeners[0].socket.getsockname()[1]
+        try:
+            yield server
+        finally:
+            nursery.cancel_scope.cancel()

@@ -24,19 +24,11 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+from .._errors import SpecBuildError as SpecBuildError  # re-exported: raised from here
 from ._types import InstanceMetadata, SweBenchGrading
 
 #: The pip requirement that fixes a missing or broken swebench.
 INSTALL_HINT = "pip install 'trio-swe[swebench]' (or: pip install 'swebench>=4.1')"
-
-
-class SpecBuildError(Exception):
-    """The eval script could not be built; ``reason`` is a short machine-readable string."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
 
 
 @dataclass(frozen=True)

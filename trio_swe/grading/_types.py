@@ -137,3 +137,21 @@ class InstanceMetadata(msgspec.Struct, frozen=True, kw_only=True):
     grading: ScaleSweGrading | SweBenchGrading | None = None
     mismatch: str | None = None
     extra: Mapping[str, Any] = msgspec.field(default_factory=dict)
+
+    def setup_script(self) -> str | None:
+        """The script that puts the agent's workspace in its graded state, or None.
+
+        It runs (``set -e``) before the agent starts: SWE-bench Pro's ``before_repo_set_cmd``,
+        then the row's ``pre_commands``. Rows of other protocols have none.
+        """
+        grading = self.grading
+        if not isinstance(grading, ScaleSweGrading):
+            return None
+        lines: list[str] = []
+        before = grading.swepro.before_repo_set_cmd if grading.swepro is not None else ""
+        if before.strip():
+            lines.append(before)
+        lines.extend(c for c in grading.pre_commands if c and c.strip())
+        if not lines:
+            return None
+        return "set -e\n" + "\n".join(lines) + "\n"

@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from .. import aio
-from .._close import agent_closer, close_quietly
+from .._close import aclose_quietly
 from .._errors import MetadataError
 from ..agents import Agent, create_agent
 from ..config import BACKENDS, SweConfig
@@ -71,10 +71,9 @@ class _RunShared:
         return _LOCAL_BACKEND[0]
 
     async def aclose(self) -> None:
-        closers = [agent_closer(agent) for agent in self.agents.values()]
-        closers.append(getattr(self.e2b, "aclose", None))
+        resources: list[Backend | Agent | None] = [*self.agents.values(), self.e2b]
         self.agents, self.e2b = {}, None
-        await close_quietly(closers, timeout_sec=30.0)
+        await aclose_quietly(resources, timeout_sec=30.0)
 
 
 _SHARED: trio.lowlevel.RunVar[_RunShared | None] = trio.lowlevel.RunVar(

@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 import trio
 
+from .._groups import collapse, note_cleanup_failure
 from ._protocol import Backend, Sandbox
 from ._types import SandboxSpec
 
@@ -46,21 +47,41 @@ async def open_sandbox(
         ttl_sec=ttl_sec,
         metadata=dict(metadata or {}),
     )
+    body_error: BaseException | None = None
+    sandbox: Sandbox | None = None
     try:
         async with trio.open_nursery() as nursery:
-            sandbox: Sandbox | None = None
             try:
                 sandbox = await backend.create_sandbox(spec, nursery)
                 yield sandbox
+            except BaseException as exc:
+                body_error = exc
+                raise
             finally:
                 nursery.cancel_scope.cancel()
                 if sandbox is not None:
-                    with trio.CancelScope(shield=True) as scope:
-                        scope.deadline = trio.current_time() + kill_timeout_sec
-                        await sandbox.kill()
+                    await _kill(sandbox, kill_timeout_sec, body_error)
     except BaseExceptionGroup as group:
-        # The nursery is ours, not the caller's: give back the one error it wrapped, so
-        # `except SandboxBootError` (or the caller's own exception) works as written.
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
+        # The nursery is ours, not the caller's: the block's own error (or the boot's) comes
+        # out as itself, so `except SandboxBootError` works as written; a failing kill is
+        # attached to it as a note, never in its place.
+        collapse(group, primary=body_error, what=f"killing sandbox {_id_of(sandbox)}")
+
+
+async def _kill(sandbox: Sandbox, timeout_sec: float, body_error: BaseException | None) -> None:
+    """Kill, shielded and bounded. A failure is the caller's error only if there is no other."""
+    try:
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + timeout_sec
+            await sandbox.kill()
+    except Exception as exc:
+        if body_error is None:
+            raise
+        note_cleanup_failure(body_error, exc, f"killing sandbox {_id_of(sandbox)}")
+
+
+def _id_of(sandbox: Sandbox | None) -> str:
+    try:
+        return sandbox.id if sandbox is not None else "(not booted)"
+    except Exception:
+        return "(unknown id)"

@@ -86,7 +86,12 @@ class Sandbox(Protocol):
 
 
 class Backend(Protocol):
-    """A place where sandboxes come from (local bubblewrap, E2B, ...)."""
+    """A place where sandboxes come from (local bubblewrap, E2B, ...).
+
+    A backend is a :class:`trio.abc.AsyncResource`: ``aclose()`` releases its connections
+    (E2B's HTTP/2 pools; nothing for the local backend), and ``async with backend:`` does it on
+    the way out. Sandboxes are not killed by ``aclose``: :func:`~trio_swe.open_sandbox` does that.
+    """
 
     name: str
 
@@ -99,4 +104,8 @@ class Backend(Protocol):
 
     def statistics(self) -> Mapping[str, Any]:
         """Counters of the backend as a whole (sandboxes created/killed, retries...)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release the backend's connections. Idempotent."""
         ...

@@ -7,7 +7,6 @@ import os
 import random
 import ssl
 import uuid
-from types import TracebackType
 from typing import Any, Final
 
 import trio
@@ -40,7 +39,7 @@ def _env_bool(name: str) -> bool:
     return os.environ.get(name, "false").strip().lower() in ("1", "true", "yes")
 
 
-class E2BBackend:
+class E2BBackend(trio.abc.AsyncResource):
     """Sandboxes on E2B, through its REST API (lifecycle) and envd (processes, files).
 
     Configured like the official SDK: every argument left ``None`` is read from its environment
@@ -255,17 +254,6 @@ class E2BBackend:
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             await pool.aclose()
-
-    async def __aenter__(self) -> E2BBackend:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def statistics(self) -> dict[str, Any]:
         return {

@@ -76,7 +76,7 @@ def _default_state_root() -> Path:
     return Path(tempfile.gettempdir()) / f"trio_swe-{os.getuid()}"
 
 
-class LocalBackend:
+class LocalBackend(trio.abc.AsyncResource):
     """Sandboxes on this machine: bubblewrap, own PID/mount/IPC/UTS namespaces.
 
     The host's root file system is visible read-only, except ``/tmp`` and root's home
@@ -147,6 +147,10 @@ class LocalBackend:
         self._live: set[LocalSandbox] = set()
         self._stats: dict[str, Any] = {"created": 0, "killed": 0, "boot_failures": 0}
         self._checked = False
+
+    async def aclose(self) -> None:
+        """Nothing to release: a local backend holds no connections, and its sandboxes are
+        killed by :func:`~trio_swe.open_sandbox`."""
 
     def statistics(self) -> Mapping[str, Any]:
         mode = {True: "overlay", False: "copy", None: "unknown"}[self._overlay_ok]
