@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from trio_swe.grading._patch import (
     apply_script,
     is_empty_patch,
+    parse_refusal,
     parse_verdict,
+    refused_paths,
     touched_paths,
 )
 
@@ -54,7 +56,7 @@ def _apply(repo: Path, patch: str, tmp_path: Path) -> tuple[bool, str | None, st
     out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
     applied, rung = parse_verdict(out.stdout)
     log = (tmp_path / "state" / "apply.log").read_text() if (tmp_path / "state").exists() else ""
-    return applied, rung, log
+    return applied, rung, log + (parse_refusal(out.stdout) or "")
 
 
 def _status(repo: Path) -> str:
@@ -170,3 +172,47 @@ def test_touched_paths_never_escape(patch: str) -> None:
         assert path
         assert not path.startswith("/")
         assert ".." not in path.split("/")
+
+
+def test_refused_paths() -> None:
+    ok = (
+        "diff --git a/src/x.py b/src/x.py\n--- a/src/x.py\n+++ b/src/x.py\n"
+        "@@ -1,2 +1,2 @@\n"
+        "--- a/.git/config\n"  # a removed line that reads like a header: content
+        "+++ /etc/passwd\n"  # an added one: content too
+        " keep\n"
+        "diff --git a/docs/link b/docs/link\nnew file mode 120000\n--- /dev/null\n+++ b/docs/link\n"
+        "@@ -0,0 +1 @@\n+../README\n\\ No newline at end of file\n"
+    )
+    assert refused_paths(ok) == []
+    assert refused_paths(b"") == []
+    bad = {
+        "--- a/x\n+++ b/.git/hooks/pre-commit\n@@ -0,0 +1 @@\n+x\n": ".git/hooks/pre-commit",
+        "--- a/sub/.GIT/config\n+++ b/sub/.GIT/config\n": "sub/.GIT/config",
+        "Index: .git/config\n": ".git/config",
+        "*** a/.git/config\n--- b/.git/config\n": ".git/config",
+        "diff --git a/x b/x\nrename from x\nrename to .git/x\n": ".git/x",
+        "--- /etc/passwd\n+++ /etc/passwd\n": "/etc/passwd",
+        "--- a/../outside\n+++ b/../outside\n": "../outside",
+        "diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+/etc\n": "'l'",
+        "diff --git a/d/l b/d/l\nindex 1..2 120000\n--- a/d/l\n+++ b/d/l\n@@ -1 +1 @@\n-x\n+../..\n": "d/l",
+        "diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+.git\n": "'l'",
+    }
+    for patch, path in bad.items():
+        refused = refused_paths(patch)
+        assert any(path in r for r in refused), (patch, refused)
+        assert refused_paths(patch.encode()) == refused
+
+
+def test_patch_rung_never_writes_beyond_a_symlink(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, {"a.txt": "a\n"})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / "escape").symlink_to(outside)
+    # git apply refuses it (beyond a symlink); git 2.39's --3way fallback and patch wrote it.
+    patch = "--- a/escape/planted\n+++ b/escape/planted\n@@ -0,0 +1 @@\n+x\n"
+    assert refused_paths(patch) == []  # lexically fine: the symlink is in the tree already
+    applied, rung, log = _apply(repo, patch, tmp_path)
+    assert (applied, rung) == (False, None)
+    assert not (outside / "planted").exists()
+    assert "escape/planted is beyond the symlink escape" in log

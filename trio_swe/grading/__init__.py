@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._errors import MetadataError
+from ._patch import patch_bytes
 from ._registry import (
     GradingProtocol,
     available_protocols,
@@ -58,14 +59,15 @@ def evaluability_check(md: InstanceMetadata) -> str | None:
 
 
 async def run_evaluation(
-    backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
+    backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
 ) -> EvalResult:
     """Grade ``patch`` for ``md`` in a fresh sandbox, which is opened and killed here.
 
     Args:
         backend: where the eval sandbox comes from.
         md: the instance, from :func:`get_metadata`.
-        patch: a unified diff (``git diff --binary`` output); empty means no change.
+        patch: a unified diff (``git diff --binary`` output), bytes or str; empty means no
+            change. Bytes are applied as they are (any encoding); a str is encoded as UTF-8.
         timeout_sec: the test run's time budget; overrunning it gives ``tests_timeout``.
 
     Returns:
@@ -73,8 +75,11 @@ async def run_evaluation(
         results with reward 0, never exceptions.
 
     Raises:
+        InvalidArgumentError: ``patch`` is neither str nor bytes, or a str with a lone
+            surrogate (no encoding can write it).
         SandboxError: the eval sandbox failed (infrastructure).
     """
+    patch_bytes(patch)  # checked before any sandbox boots, whatever the protocol
     return await get_protocol(md.protocol).run_evaluation(
         backend, md, patch, timeout_sec=timeout_sec
     )

@@ -8,13 +8,23 @@ the patch touches and git's index, and a failed rung is rolled back (partial hun
 
 An empty (or whitespace-only) patch is "applied" as rung ``empty``. Binary diffs need
 ``git diff --binary`` output; ``git apply`` handles them, ``patch`` does not.
+
+A patch is bytes (it may hold text in any encoding); the parsers here read it as UTF-8 with
+``surrogateescape``, so no byte is lost. Before any rung runs, :func:`refused_paths` rejects a
+patch that would write into git's own directory (``.git/hooks``, ``.git/config``: code the
+grader's git would run), outside the work tree (absolute paths, ``..``), or through a symlink
+it creates that points there; ``git apply`` refuses most of these, ``patch`` does not. The
+ladder's git runs with hooks and fsmonitor off.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 import shlex
 from typing import Final
+
+from .._errors import InvalidArgumentError
 
 #: The ladder's rung names, in order.
 RUNGS: Final = ("git_apply", "git_apply_3way", "git_apply_reject", "patch_fuzz")
@@ -22,14 +32,58 @@ EMPTY: Final = "empty"
 #: The verdict line the script prints last (``@@TRIO_SWE_APPLY ok <rung>`` / ``failed``).
 VERDICT: Final = "@@TRIO_SWE_APPLY"
 
+#: Configuration every git command of grading runs with, as ``GIT_CONFIG_*`` variables (they
+#: outrank the repository's own config and reach the git commands inside eval scripts): no
+#: hooks, no fsmonitor command, no automatic gc. ``safe.directory`` lets root use a tree that
+#: another user owns.
+GIT_SAFE_CONFIG: Final = (
+    ("safe.directory", "*"),
+    ("core.hooksPath", "/dev/null"),
+    ("core.fsmonitor", "false"),
+    ("gc.auto", "0"),
+)
+GIT_SAFE_ENV: Final = {
+    "GIT_CONFIG_COUNT": str(len(GIT_SAFE_CONFIG)),
+    **{f"GIT_CONFIG_KEY_{i}": k for i, (k, _) in enumerate(GIT_SAFE_CONFIG)},
+    **{f"GIT_CONFIG_VALUE_{i}": v for i, (_, v) in enumerate(GIT_SAFE_CONFIG)},
+}
+
 _HEADER = re.compile(r"^(?:--- |\+\+\+ |rename from |rename to |copy from |copy to )(.*)$")
 _DIFF_GIT = re.compile(r"^diff --git (.*)$")
 _ESCAPES = {"n": "\n", "t": "\t", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 
 
-def is_empty_patch(patch: str) -> bool:
+def is_empty_patch(patch: str | bytes) -> bool:
     """True when there is nothing to apply."""
     return not patch.strip()
+
+
+def patch_bytes(patch: str | bytes) -> bytes:
+    """The patch as bytes; a str is encoded as UTF-8 (``surrogateescape``: lone surrogates in
+    U+DC80..U+DCFF are the bytes a ``surrogateescape`` decode kept).
+
+    Raises:
+        InvalidArgumentError: not str or bytes, or a str holding another lone surrogate (no
+            encoding can write it).
+    """
+    if isinstance(patch, bytes | bytearray | memoryview):
+        return bytes(patch)
+    if not isinstance(patch, str):
+        raise InvalidArgumentError(f"patch must be str or bytes, got {type(patch).__name__}")
+    try:
+        return patch.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as exc:
+        raise InvalidArgumentError(
+            f"patch: the character {patch[exc.start]!r} at index {exc.start} is a lone "
+            "surrogate, which no encoding can write; pass the patch as bytes"
+        ) from None
+
+
+def patch_text(patch: str | bytes) -> str:
+    """The patch as str, bytes that are not UTF-8 kept as lone surrogates (``surrogateescape``)."""
+    if isinstance(patch, str):
+        return patch
+    return bytes(patch).decode("utf-8", "surrogateescape")
 
 
 def _unquote_c(text: str) -> str:
@@ -53,7 +107,7 @@ def _unquote_c(text: str) -> str:
             continue
         out.extend(c.encode())
         i += 1
-    return out.decode("utf-8", "replace")
+    return out.decode("utf-8", "surrogateescape")
 
 
 def _strip_prefix(path: str) -> str | None:
@@ -70,13 +124,15 @@ def _safe(path: str) -> bool:
     return bool(path) and not path.startswith("/") and ".." not in parts and "\x00" not in path
 
 
-def touched_paths(patch: str) -> list[str]:
+def touched_paths(patch: str | bytes) -> list[str]:
     """Repository-relative paths a unified diff touches (old and new names), deduplicated.
 
-    Paths that are absolute or climb out with ``..`` are dropped: every rung refuses them anyway.
+    Paths that are absolute or climb out with ``..`` are dropped (:func:`refused_paths` refuses
+    such a patch). Bytes that are not UTF-8 come back as lone surrogates: encode the paths with
+    ``surrogateescape``.
     """
     seen: dict[str, None] = {}
-    for line in patch.splitlines():
+    for line, _ in _outside_hunks(patch_text(patch)):
         m = _HEADER.match(line)
         if m:
             raw = m.group(1)
@@ -97,6 +153,120 @@ def touched_paths(patch: str) -> list[str]:
         if path and _safe(path):
             seen.setdefault(path, None)
     return list(seen)
+
+
+_HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+_PATH_HEADER = re.compile(
+    r"^(?:--- |\+\+\+ |\*\*\* |Index: |rename from |rename to |copy from |copy to "
+    r"|rename old |rename new )(.*)$"
+)
+_SYMLINK_MODE = re.compile(r"^(?:new file mode 120000|new mode 120000|index \S+ 120000)\s*$")
+
+
+def _lines(text: str) -> list[str]:
+    # Only "\n" ends a line for git and patch (str.splitlines also splits at form feeds...).
+    return text.split("\n")
+
+
+def _outside_hunks(text: str) -> list[tuple[str, list[str]]]:
+    """The lines outside unified hunks, each with the ``+`` lines of the hunk that follows it
+    (used for symlink targets). Hunk bodies are skipped by their line counts, so a removed line
+    that reads ``-- a/.git/x`` is content, not a header."""
+    out: list[tuple[str, list[str]]] = []
+    lines = _lines(text)
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        i += 1
+        m = _HUNK.match(line)
+        if not m:
+            out.append((line, []))
+            continue
+        old = int(m.group(1)) if m.group(1) is not None else 1
+        new = int(m.group(2)) if m.group(2) is not None else 1
+        added: list[str] = []
+        while i < len(lines) and (old > 0 or new > 0):
+            body = lines[i]
+            tag = body[:1]
+            if tag in (" ", ""):
+                old, new = old - 1, new - 1
+            elif tag == "-":
+                old -= 1
+            elif tag == "+":
+                new -= 1
+                added.append(body[1:])
+            elif tag != "\\":
+                break  # a malformed hunk ends here; what follows is read as headers
+            i += 1
+        if out:
+            out[-1][1].extend(added)
+    return out
+
+
+def _why_refused(path: str) -> str | None:
+    """Why ``path`` (as a patch names it, prefixes included) must not be written, or None."""
+    if "\x00" in path:
+        return "contains a NUL character"
+    if path.startswith("/"):
+        return "is an absolute path, outside the work tree"
+    parts = path.split("/")
+    if ".." in parts:
+        return "climbs out with '..'"
+    if any(p.lower() == ".git" for p in parts):
+        return "is inside git's own directory (hooks and config there are code git runs)"
+    return None
+
+
+def _header_path(raw: str) -> str | None:
+    path = _unquote_c(raw.split("\t", 1)[0].rstrip("\r"))
+    return None if path == "/dev/null" else path
+
+
+def refused_paths(patch: str | bytes) -> list[str]:
+    """Why the patch must not be applied, one line per offending path; empty when it is fine.
+
+    Refused: any path (old or new name, in any header ``git apply`` or ``patch`` reads) inside
+    a ``.git`` directory, absolute, or climbing out with ``..``; a symlink the patch creates
+    whose target is absolute, outside the work tree or inside ``.git``.
+    """
+    found: dict[str, str] = {}
+    current: str | None = None  # the file the next hunk belongs to
+    symlink = False
+    for line, added in _outside_hunks(patch_text(patch)):
+        candidates: list[str] = []
+        if line.startswith("diff --git "):
+            symlink = False
+            current = None
+            # Names may hold spaces: every whitespace-separated piece is checked.
+            candidates = [_unquote_c(t) for t in line[len("diff --git ") :].split()]
+        elif _SYMLINK_MODE.match(line):
+            symlink = True
+        else:
+            m = _PATH_HEADER.match(line)
+            if m:
+                path = _header_path(m.group(1))
+                if path is not None:
+                    candidates = [path]
+                    if line.startswith("+++ "):
+                        current = path[2:] if path.startswith("b/") else path
+        for path in candidates:
+            why = _why_refused(path)
+            if why is not None:
+                found.setdefault(path, why)
+        if symlink and added and current is not None:
+            target = added[0]
+            resolved = posixpath.normpath(posixpath.join(posixpath.dirname(current), target))
+            why = None
+            if target.startswith("/"):
+                why = f"is a symlink to the absolute path {target!r}"
+            elif resolved == ".." or resolved.startswith("../"):
+                why = f"is a symlink to {target!r}, outside the work tree"
+            elif any(p.lower() == ".git" for p in resolved.split("/")):
+                why = f"is a symlink to {target!r}, inside git's own directory"
+            if why is not None:
+                found.setdefault(current, why)
+            symlink = False
+    return [f"{path!r} {why}" for path, why in found.items()]
 
 
 def apply_script(*, workdir: str, patch_path: str, list_path: str, state_dir: str) -> str:
@@ -126,7 +296,17 @@ def apply_script(*, workdir: str, patch_path: str, list_path: str, state_dir: st
         'mkdir -p "$S" && : >"$LOG"',
         f'cd {q(workdir)} || {{ echo "{VERDICT} failed cd"; exit 0; }}',
         f'if ! grep -q \'[^[:space:]]\' "$P"; then echo "{VERDICT} ok {EMPTY}"; exit 0; fi',
-        "g() { git -c safe.directory='*' -c core.quotepath=off \"$@\"; }",
+        # No hook or fsmonitor of the repository runs (see GIT_SAFE_ENV).
+        "g() { git -c safe.directory='*' -c core.quotepath=off -c core.hooksPath=/dev/null "
+        '-c core.fsmonitor=false -c gc.auto=0 "$@"; }',
+        # Nothing is written through a symlink already in the tree (git 2.39's apply --3way
+        # and patch both would); every rung starts from this same tree.
+        "R=0",
+        "while IFS= read -r -d '' f; do d=$(dirname -- \"$f\")",
+        '  while [ "$d" != . ] && [ "$d" != / ]; do',
+        '    if [ -L "$d" ]; then echo "refused: $f is beyond the symlink $d"; R=1; fi',
+        '    d=$(dirname -- "$d"); done; done <"$L"',
+        f'if [ "$R" = 1 ]; then echo "{VERDICT} refused"; exit 0; fi',
         'GD=$(g rev-parse --absolute-git-dir 2>/dev/null) || GD=""',
         'if [ -n "$GD" ] && [ -f "$GD/index" ]; then cp -p "$GD/index" "$S/index"; fi',
         'tar --null -T "$L" --ignore-failed-read -cf "$S/files.tar" 2>>"$LOG"',
@@ -143,6 +323,14 @@ def apply_script(*, workdir: str, patch_path: str, list_path: str, state_dir: st
         )
     lines.append(f'echo "{VERDICT} failed"')
     return "\n".join(lines) + "\n"
+
+
+def parse_refusal(output: str) -> str | None:
+    """Why the script refused the patch before any rung (``refused: ...`` lines), or None."""
+    if f"{VERDICT} refused" not in output:
+        return None
+    lines = [ln[len("refused: ") :] for ln in output.splitlines() if ln.startswith("refused: ")]
+    return "; ".join(lines[:5]) or "refused by the apply script"
 
 
 def parse_verdict(output: str) -> tuple[bool, str | None]:

@@ -33,9 +33,10 @@ class GradingProtocol(Protocol):
         ...
 
     async def run_evaluation(
-        self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
+        self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
     ) -> EvalResult:
-        """Grade ``patch`` in a fresh sandbox from ``md.image``."""
+        """Grade ``patch`` (bytes from episodes; str from direct callers) in a fresh sandbox
+        from ``md.image``."""
         ...
 
     def unavailable_reason(self) -> str | None:

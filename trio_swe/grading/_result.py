@@ -11,6 +11,8 @@ import msgspec
 RESOLVED: Final = "resolved"
 TESTS_FAILED: Final = "tests_failed"
 PATCH_APPLY_FAILED: Final = "patch_apply_failed"
+#: The patch writes where no patch may (``.git/``, outside the work tree); no rung ran.
+PATCH_REFUSED: Final = "patch_refused"
 TESTS_TIMEOUT: Final = "tests_timeout"
 NO_GRADER: Final = "no_grader"
 UNEVALUABLE: Final = "unevaluable"
@@ -35,7 +37,8 @@ class EvalResult(msgspec.Struct, frozen=True, kw_only=True):
         reward: 1.0 when resolved, else 0.0.
         resolved: every fail-to-pass and pass-to-pass test passed (or the grader said solved).
         applied_cleanly: the patch applied (an empty patch counts as applied).
-        reason: ``resolved``, ``tests_failed``, ``patch_apply_failed``, ``tests_timeout``,
+        reason: ``resolved``, ``tests_failed``, ``patch_apply_failed``, ``patch_refused``
+            (the patch writes into ``.git/`` or outside the work tree), ``tests_timeout``,
             ``no_grader``, ``log_ungradable``, ``setup_failed`` or ``unevaluable``.
         protocol: the protocol that graded.
         instance_id: the graded instance.

@@ -11,7 +11,16 @@ import msgspec
 
 from .._errors import SandboxFileNotFoundError
 from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, open_sandbox
-from ._patch import apply_script, is_empty_patch, parse_verdict, touched_paths
+from . import _result as R
+from ._patch import (
+    GIT_SAFE_ENV,
+    apply_script,
+    is_empty_patch,
+    parse_refusal,
+    parse_verdict,
+    refused_paths,
+    touched_paths,
+)
 from ._result import LOG_TAIL_CHARS, TESTS_TIMEOUT, EvalResult, log_tail
 from ._types import InstanceMetadata
 
@@ -21,8 +30,16 @@ EVAL_DIR: Final = "/tmp/trio_swe_eval"
 APPLY_TIMEOUT_SEC: Final = 120.0
 #: Budget of setup commands (pre_commands, before_repo_set_cmd): they may install packages.
 SETUP_BUDGET_SEC: Final = 600.0
-#: Environment of every grading command: no colours (parsers match plain ``PASSED`` lines).
-PLAIN_ENV: Final[Mapping[str, str]] = {"PY_COLORS": "0", "NO_COLOR": "1", "TERM": "dumb"}
+#: Environment of every command in the eval sandbox: the repository's hooks and fsmonitor
+#: never run (:data:`~._patch.GIT_SAFE_ENV`).
+SAFE_ENV: Final[Mapping[str, str]] = dict(GIT_SAFE_ENV)
+#: Environment of the graded commands: also no colours (parsers match plain ``PASSED`` lines).
+PLAIN_ENV: Final[Mapping[str, str]] = {
+    **SAFE_ENV,
+    "PY_COLORS": "0",
+    "NO_COLOR": "1",
+    "TERM": "dumb",
+}
 
 
 class Phases:
@@ -74,7 +91,7 @@ async def run_long(
     Overrunning ``budget_sec`` kills the command and gives ``reason == "time_budget"``.
     """
     return await exec_and_wait(
-        sb, cmd, time_budget_sec=budget_sec, user="root", env=dict(env or {})
+        sb, cmd, time_budget_sec=budget_sec, user="root", env={**SAFE_ENV, **(env or {})}
     )
 
 
@@ -91,23 +108,35 @@ async def read_text(sb: Sandbox, path: str) -> str:
 
 
 class ApplyOutcome:
-    """What the ladder did."""
+    """What the ladder did; ``refused`` says why no rung was even tried."""
 
-    def __init__(self, applied: bool, rung: str | None, log: str) -> None:
+    def __init__(
+        self, applied: bool, rung: str | None, log: str, refused: str | None = None
+    ) -> None:
         self.applied = applied
         self.rung = rung
         self.log = log
+        self.refused = refused
 
 
-async def apply_patch(sb: Sandbox, md: InstanceMetadata, patch: str) -> ApplyOutcome:
-    """Run the apply ladder on ``patch`` in the sandbox's workdir."""
+async def apply_patch(sb: Sandbox, md: InstanceMetadata, patch: bytes) -> ApplyOutcome:
+    """Run the apply ladder on ``patch`` in the sandbox's workdir.
+
+    A patch that :func:`~._patch.refused_paths` refuses is never written to the sandbox.
+    """
     if is_empty_patch(patch):
         return ApplyOutcome(True, "empty", "")
+    refused = refused_paths(patch)
+    if refused:
+        detail = "; ".join(refused[:5]) + (
+            f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+        )
+        return ApplyOutcome(False, None, "", refused=f"patch refused: {detail}")
     state = f"{EVAL_DIR}/apply"
     patch_path = f"{EVAL_DIR}/patch.diff"
     list_path = f"{EVAL_DIR}/patch.paths"
-    paths = b"".join(p.encode() + b"\x00" for p in touched_paths(patch))
-    await sb.write_file(patch_path, patch.encode("utf-8", "surrogateescape"), user="root")
+    paths = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in touched_paths(patch))
+    await sb.write_file(patch_path, patch, user="root")
     await sb.write_file(list_path, paths, user="root")
     await sb.write_file(
         f"{EVAL_DIR}/apply.sh",
@@ -116,12 +145,41 @@ async def apply_patch(sb: Sandbox, md: InstanceMetadata, patch: str) -> ApplyOut
         ),
         user="root",
     )
-    r = await sb.exec(f"bash {EVAL_DIR}/apply.sh", user="root", timeout=APPLY_TIMEOUT_SEC)
+    r = await sb.exec(
+        f"bash {EVAL_DIR}/apply.sh", user="root", env=SAFE_ENV, timeout=APPLY_TIMEOUT_SEC
+    )
     applied, rung = parse_verdict(r.output)
+    script_refused = parse_refusal(r.output)
+    if script_refused is not None:
+        return ApplyOutcome(False, None, r.output, refused=f"patch refused: {script_refused}")
     log = "" if applied else await read_text(sb, f"{state}/apply.log")
     if r.reason == "timeout":
         log += f"\n(apply ladder exceeded {APPLY_TIMEOUT_SEC:.0f} s)"
     return ApplyOutcome(applied, rung, log)
+
+
+def not_applied_result(
+    md: InstanceMetadata, phases: Phases, outcome: ApplyOutcome, *, grader: str | None
+) -> EvalResult:
+    """Reward 0 for a patch no rung applied, or one refused before any rung ran."""
+    if outcome.refused is not None:
+        return make_result(
+            md,
+            phases,
+            reason=R.PATCH_REFUSED,
+            applied=False,
+            grader=grader,
+            detail=outcome.refused,
+        )
+    return make_result(
+        md,
+        phases,
+        reason=R.PATCH_APPLY_FAILED,
+        applied=False,
+        grader=grader,
+        detail="no rung of the apply ladder applied the patch",
+        log=outcome.log,
+    )
 
 
 def timeout_result(

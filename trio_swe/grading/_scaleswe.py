@@ -20,6 +20,7 @@ import trio
 from ..sandbox import Backend, Sandbox
 from . import _result as R
 from ._metadata import scaleswe_metadata
+from ._patch import patch_bytes
 from ._result import EvalResult
 from ._run import (
     APPLY_TIMEOUT_SEC,
@@ -29,6 +30,7 @@ from ._run import (
     Phases,
     apply_patch,
     make_result,
+    not_applied_result,
     open_eval_sandbox,
     read_text,
     run_long,
@@ -84,15 +86,16 @@ class ScaleSweProtocol:
         return None
 
     async def run_evaluation(
-        self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
+        self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
     ) -> EvalResult:
-        return await timed(lambda phases: self._evaluate(backend, md, patch, timeout_sec, phases))
+        data = patch_bytes(patch)
+        return await timed(lambda phases: self._evaluate(backend, md, data, timeout_sec, phases))
 
     async def _evaluate(
         self,
         backend: Backend,
         md: InstanceMetadata,
-        patch: str,
+        patch: bytes,
         timeout_sec: float,
         phases: Phases,
     ) -> EvalResult:
@@ -146,15 +149,7 @@ class ScaleSweProtocol:
                     log=saved,
                 )
             if not outcome.applied:
-                return make_result(
-                    md,
-                    phases,
-                    reason=R.PATCH_APPLY_FAILED,
-                    applied=False,
-                    grader=grader,
-                    detail="no rung of the apply ladder applied the patch",
-                    log=outcome.log,
-                )
+                return not_applied_result(md, phases, outcome, grader=grader)
             if g.swepro is not None:
                 return await _grade_swepro(sb, md, g.swepro, phases, outcome.rung, timeout_sec)
             if g.eval_cmd:

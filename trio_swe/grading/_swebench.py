@@ -12,6 +12,7 @@ from ..sandbox import Backend
 from . import _result as R
 from . import _swebench_api
 from ._metadata import swebench_metadata
+from ._patch import patch_bytes, patch_text
 from ._result import EvalResult
 from ._run import (
     EVAL_DIR,
@@ -19,6 +20,7 @@ from ._run import (
     Phases,
     apply_patch,
     make_result,
+    not_applied_result,
     open_eval_sandbox,
     read_text,
     run_long,
@@ -61,15 +63,16 @@ class SweBenchProtocol:
         return None
 
     async def run_evaluation(
-        self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
+        self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
     ) -> EvalResult:
-        return await timed(lambda phases: self._evaluate(backend, md, patch, timeout_sec, phases))
+        data = patch_bytes(patch)
+        return await timed(lambda phases: self._evaluate(backend, md, data, timeout_sec, phases))
 
     async def _evaluate(
         self,
         backend: Backend,
         md: InstanceMetadata,
-        patch: str,
+        patch: bytes,
         timeout_sec: float,
         phases: Phases,
     ) -> EvalResult:
@@ -88,15 +91,7 @@ class SweBenchProtocol:
             with phases.phase("apply"):
                 outcome = await apply_patch(sb, md, patch)
             if not outcome.applied:
-                return make_result(
-                    md,
-                    phases,
-                    reason=R.PATCH_APPLY_FAILED,
-                    applied=False,
-                    grader="swebench",
-                    detail="no rung of the apply ladder applied the patch",
-                    log=outcome.log,
-                )
+                return not_applied_result(md, phases, outcome, grader="swebench")
             log_path = f"{EVAL_DIR}/eval.log"
             with phases.phase("tests"):
                 await sb.write_file(f"{EVAL_DIR}/eval.sh", script, user="root")
@@ -121,7 +116,7 @@ class SweBenchProtocol:
         with phases.phase("parse"):
             try:
                 grade = await trio.to_thread.run_sync(
-                    _swebench_api.grade_log, spec, md.instance_id, patch, log
+                    _swebench_api.grade_log, spec, md.instance_id, patch_text(patch), log
                 )
             except Exception as exc:
                 # A swebench parser crashing on this log: the grader failed, not the patch.
