@@ -65,7 +65,7 @@ async def test_eight_demo_episodes_four_at_a_time(tmp_path: Path) -> None:
             assert result.agent_finish == "time_budget"
             assert result.status == "truncated"
             assert result.n_turns == 1
-            assert result.patch == ""
+            assert result.patch == b""
         else:
             assert result.agent_exit_code == 0
             assert result.agent_finish == "submitted"
@@ -91,12 +91,12 @@ async def test_eight_demo_episodes_four_at_a_time(tmp_path: Path) -> None:
     response = bytes(median.tokens_list()[-median.response_length :]).decode()
     assert response.startswith(script_text(demo.scripts["demo__median-1"][0]))
     # The agent's sed produced exactly the gold fix, as a binary-safe diff against the base.
-    assert results["demo__calc-1"].patch == demo.gold_patches["demo__calc-1"]
+    assert results["demo__calc-1"].patch_text == demo.gold_patches["demo__calc-1"]
     # Editing the tests instead of the code earns nothing: the grader has its own copy.
-    assert "test_fizz.py" in results["demo__fizz-1"].patch
+    assert "test_fizz.py" in results["demo__fizz-1"].patch_text
     assert results["demo__fizz-1"].reward == 0.0
     # Harness files never reach the patch.
-    assert all("PROBLEM_STATEMENT.md" not in r.patch for r in results.values())
+    assert all("PROBLEM_STATEMENT.md" not in r.patch_text for r in results.values())
     assert_nothing_left(tmp_path, backend)
 
 

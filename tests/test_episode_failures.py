@@ -131,8 +131,8 @@ async def test_pre_commands_run_before_the_base_commit_is_recorded(tmp_path: Pat
         result = await run_episode(md, agent, backend=backend, config=demo_config(), network=False)
     assert result.status == "completed", result.error
     assert result.reward == 1.0
-    assert "README.md" not in result.patch
-    assert "calc.py" in result.patch
+    assert "README.md" not in result.patch_text
+    assert "calc.py" in result.patch_text
     assert_nothing_left(tmp_path, backend)
 
 

@@ -25,7 +25,7 @@ def _result(iid: str, status: str = "completed", reward: float = 1.0) -> Episode
         status=status,  # type: ignore[arg-type]
         reward=reward,
         samples=[sample],
-        patch="diff --git a/x b/x\n",
+        patch=b"diff --git a/x b/x\n",
     )
 
 

@@ -36,6 +36,7 @@ from ._groups import open_private_nursery
 from .agents import Agent, AgentOutcome, AgentTask
 from .config import SweConfig
 from .grading import EvalResult, InstanceMetadata, evaluability_check, run_evaluation
+from .grading._patch import diff_script
 from .sandbox import Backend, Sandbox, SandboxSpec, exec_and_wait, open_sandbox
 from .trajectory import Sample, SampleBuilder
 
@@ -110,7 +111,8 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
         agent_exit_code: ``0`` normal finish, ``-1`` time budget, else the agent's status.
         agent_finish: how the agent's run ended (``submitted``, ``time_budget``, ...).
         n_turns: policy calls made by the agent.
-        patch: the agent's change as ``git diff --binary`` against the base commit.
+        patch: the agent's change as ``git diff --binary`` against the base commit, as bytes
+            (exact, whatever the files' encoding: grade this); :attr:`patch_text` is the text.
         base_commit: the commit the patch is taken against.
         timings: seconds per phase.
         boot_attempts: sandbox creations tried (agent and eval sandboxes).
@@ -130,12 +132,17 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
     agent_exit_code: int | None = None
     agent_finish: str | None = None
     n_turns: int = 0
-    patch: str = ""
+    patch: bytes = b""
     base_commit: str | None = None
     timings: PhaseTimings = msgspec.field(default_factory=PhaseTimings)
     boot_attempts: int = 0
     boot_retries: int = 0
     agent_output: str = ""
+
+    @property
+    def patch_text(self) -> str:
+        """:attr:`patch` decoded as UTF-8 for reading; bytes that are not UTF-8 show as U+FFFD."""
+        return self.patch.decode("utf-8", "replace")
 
     @property
     def dropped(self) -> bool:
@@ -269,33 +276,30 @@ async def _prepare_workspace(
     return commit
 
 
-async def take_patch(sb: Sandbox, workdir: str, base_commit: str, *, agent_user: str) -> str:
-    """The agent's change: new files included (``git add -N``), binary-safe, against the base.
+async def take_patch(sb: Sandbox, workdir: str, base_commit: str, *, agent_user: str) -> bytes:
+    """The agent's change, as bytes: new files included (``git add -N``), binary-safe, against
+    the base.
 
     The agent's leftover processes are killed first so the tree is not changing under ``git``.
-    Harness files (the problem statement, ``.harness/``) are excluded.
+    Harness files (the problem statement, ``.harness/``) are excluded. Nothing the agent
+    configured in git (hooks, fsmonitor, filters...) runs: see :func:`~.grading._patch.diff_script`.
     """
-    wd = shlex.quote(workdir)
     token = uuid.uuid4().hex[:12]
     out = f"/tmp/trio_swe-patch-{token}.diff"
     err = f"/tmp/trio_swe-patch-{token}.err"  # stderr must not mix into the patch
-    excludes = " ".join(shlex.quote(f":(exclude){name}") for name in _EXCLUDES)
-    kill = f"pkill -KILL -u {shlex.quote(agent_user)} 2>/dev/null; " if agent_user != "root" else ""
-    # The diff goes to a file and to stdout: a short one arrives with the exec's output, a long
-    # one (the exec's output is capped) is read back from the file.
-    result = await sb.exec(
-        f"{kill}cd {wd} && git add -N . 2>{err} && "
-        f"git diff --binary --no-color --no-ext-diff {shlex.quote(base_commit)} -- . {excludes} "
-        f"> {shlex.quote(out)} 2>{err} && cat {shlex.quote(out)} || {{ cat {err}; exit 1; }}",
-        user="root",
-        timeout=_SHORT_TIMEOUT_SEC,
+    kill = f"pkill -KILL -u {shlex.quote(agent_user)} 2>/dev/null\n" if agent_user != "root" else ""
+    script = diff_script(
+        workdir=workdir, base_commit=base_commit, out_path=out, err_path=err, excludes=_EXCLUDES
     )
+    # The diff goes to a file and to stdout: a short one arrives with the exec's output, a long
+    # one (the exec's output is capped) is read back from the file, and so is one that was not
+    # UTF-8 (the output is decoded with replacement characters; the file has the bytes).
+    result = await sb.exec(kill + script, user="root", timeout=_SHORT_TIMEOUT_SEC)
     if not result.ok:
         raise PatchFailedError(f"git diff failed (exit {result.exit_code}): {result.output}")
-    if not result.output_truncated:
-        return result.output
-    data = await sb.read_file(out)
-    return data.decode("utf-8", errors="replace")
+    if not result.output_truncated and "\ufffd" not in result.output:
+        return result.output.encode()
+    return await sb.read_file(out)
 
 
 def _status_of(outcome: AgentOutcome) -> EpisodeStatus:
@@ -400,7 +404,7 @@ class _Episode:
         self.timings = PhaseTimings()
         self.base_commit: str | None = None
         self.outcome: AgentOutcome | None = None
-        self.patch = ""
+        self.patch = b""
         self.eval_result: EvalResult | None = None
         self.samples: list[Sample] = []
 

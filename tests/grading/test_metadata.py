@@ -313,6 +313,39 @@ def test_metadata_is_a_msgspec_record() -> None:
         ),
         ({"repo": "o/r", "eval_script": "x"}, "swebench", "log_parser"),
         ({"instance_id": "a\nb", "image": "i", "eval_cmd": "x"}, "scaleswe", "instance_id"),
+        # Lone surrogates (issue 9, item 8): raw, or from a JSON escape inside a string.
+        ({"image": "i", "eval_cmd": "echo \ud800"}, "scaleswe", "eval_cmd"),
+        (
+            {"metadata": {"image": "i", "eval_cmd": "x", "problem_statement": '"\\udc80"'}},
+            "scaleswe",
+            "metadata.problem_statement",
+        ),
+        (
+            {"image": "i", "eval_cmd": "x", "PASS_TO_PASS": '["t\\ud83d"]'},
+            "scaleswe",
+            "PASS_TO_PASS[0]",
+        ),
+        ({"label": "id\udfff", "metadata": {"image": "i", "eval_cmd": "x"}}, "scaleswe", "label"),
+        (
+            {"prompt": "fix \ud800", "metadata": {"image": "i", "eval_cmd": "x"}},
+            "scaleswe",
+            "prompt",
+        ),
+        (
+            {
+                "repo": "o/r",
+                "eval_script": "x",
+                "log_parser": "p",
+                "image_assets": {"a": ["\udc00"]},
+            },
+            "swebench",
+            "image_assets.a[0]",
+        ),
+        (
+            {"repo": "o/r", "version": "1", "base_commit": "c", "test_patch": "d\ud800"},
+            "swebench",
+            "test_patch",
+        ),
     ],
 )
 def test_bad_rows_name_the_field(row: dict[str, Any], protocol: str, field: str) -> None:
@@ -366,6 +399,8 @@ scalars = st.one_of(
     st.lists(st.text(max_size=10), max_size=4).map(repr),  # Python-literal lists
     st.just("[1, 2"),
     st.just('"quoted \\n text"'),
+    st.just("lone \ud800 surrogate"),
+    st.just('["json \\udc80 escape"]'),
 )
 values = st.recursive(
     scalars,

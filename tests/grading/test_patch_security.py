@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from trio_swe import InvalidArgumentError
 from trio_swe.grading import get_metadata, local_backend_shims, run_evaluation
 from trio_swe.sandbox.local import LocalBackend
 
@@ -116,3 +117,20 @@ async def test_a_hook_already_in_the_image_does_not_run(
     assert result.applied_cleanly, result
     assert "PAYLOAD-EXECUTED" not in result.log_tail, result
     assert (result.reward, result.reason) == (0.0, "tests_failed"), result
+
+
+async def test_a_patch_with_a_lone_surrogate_is_a_typed_error(
+    calc: CalcRepo, grading_backend: LocalBackend
+) -> None:
+    """Issue 9, item 8: InvalidArgumentError naming the patch, before any sandbox boots."""
+    md = get_metadata(calc.slime_eval_cmd_sample(), "scaleswe")
+    bad = calc.gold.replace("return", "return \ud800", 1)
+    with pytest.raises(InvalidArgumentError, match=r"patch: .*'\\ud800'.* lone surrogate"):
+        await run_evaluation(grading_backend, md, bad, timeout_sec=60)
+    with pytest.raises(InvalidArgumentError, match="patch must be str or bytes"):
+        await run_evaluation(grading_backend, md, 42, timeout_sec=60)  # type: ignore[arg-type]
+    assert grading_backend.statistics()["created"] == 0
+    # The surrogates a surrogateescape decode makes stand for bytes: accepted as those bytes.
+    gold = calc.gold.encode().decode("utf-8", "surrogateescape")
+    result = await run_evaluation(grading_backend, md, gold, timeout_sec=60)
+    assert result.reward == 1.0, result

@@ -90,12 +90,40 @@ def _layers(row: Mapping[str, Any], *, rem_first: bool) -> tuple[_Sources, bool]
     return _Sources(pair[::-1] if rem_first else pair), True
 
 
+def _encodable(text: str, field: str) -> str:
+    """``text``, refused if it holds a lone surrogate (a JSON ``"\\ud800"`` escape decodes to
+    one): it could not be written to a sandbox, a log or a results file."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise MetadataError(
+                field,
+                f"contains a lone surrogate U+{ord(text[exc.start]):04X} at index {exc.start} "
+                "(not encodable text)",
+            ) from None
+    return text
+
+
+def _deep_encodable(value: Any, field: str) -> None:
+    """Every string inside a nested mapping/list value is encodable (see :func:`_encodable`)."""
+    if isinstance(value, str):
+        _encodable(value, field)
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            _encodable(str(k), field)
+            _deep_encodable(v, f"{field}.{k}")
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            _deep_encodable(v, f"{field}[{i}]")
+
+
 def _str(value: Any, field: str) -> str:
     if not isinstance(value, str):
         raise MetadataError(field, f"expected a string, got {type(value).__name__}")
     if "\x00" in value:
         raise MetadataError(field, "contains a NUL character")
-    return value
+    return _encodable(value, field)
 
 
 def _opt_str(src: _Sources, *keys: str) -> str | None:
@@ -135,7 +163,7 @@ def _str_list(value: Any, field: str) -> tuple[str, ...]:
     for i, item in enumerate(value):
         if not isinstance(item, str):
             raise MetadataError(f"{field}[{i}]", f"expected a string, got {type(item).__name__}")
-        out.append(item)
+        out.append(_encodable(item, f"{field}[{i}]"))
     return tuple(out)
 
 
@@ -179,6 +207,7 @@ def _instance_id(src: _Sources, row: Mapping[str, Any]) -> str:
         label = row.get("label")
         iid = label if isinstance(label, str) and 0 < len(label) < MAX_LABEL_ID_CHARS else "unknown"
         field = "label"
+        _encodable(iid, field)
     if len(iid) > MAX_INSTANCE_ID_CHARS:
         raise MetadataError(field, f"longer than {MAX_INSTANCE_ID_CHARS} characters")
     if any(c in iid for c in "\n\r"):
@@ -189,8 +218,8 @@ def _instance_id(src: _Sources, row: Mapping[str, Any]) -> str:
 def _problem_statement(src: _Sources, row: Mapping[str, Any]) -> str:
     value, field = src.find("problem_statement")
     if value is not None:
-        return _unquote(_str(value, field))
-    return _coerce_prompt(row.get("prompt"))
+        return _encodable(_unquote(_str(value, field)), field)
+    return _encodable(_coerce_prompt(row.get("prompt")), "prompt")
 
 
 def _workdir(src: _Sources, default: str) -> str:
@@ -345,6 +374,7 @@ def swebench_metadata(row: Mapping[str, Any], protocol: str = "swebench") -> Ins
         assets, assets_field = src.find("image_assets")
         if assets is not None:
             image_assets = _mapping(assets, assets_field)
+            _deep_encodable(image_assets, assets_field)
     else:
         repo = _req_str(src, "repo", why="selects swebench's specs and parser")
         version = _req_str(src, "version", why="selects swebench's specs")

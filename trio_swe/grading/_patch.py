@@ -342,3 +342,40 @@ def parse_verdict(output: str) -> tuple[bool, str | None]:
                 return True, words[2]
             return False, None
     return False, None
+
+
+#: Every agent-defined filter driver is switched off by name (``-c filter.<name>.clean=``...):
+#: git has no switch that ignores the repository's filters as a whole.
+_NO_FILTERS = (
+    "set --\n"
+    'while IFS= read -r k; do [ -n "$k" ] && set -- "$@" -c "$k="; done <<TRIO_SWE_EOF\n'
+    "$(git -c safe.directory='*' config --name-only --get-regexp "
+    "'^filter\\..*\\.(clean|smudge|process|required)$' 2>/dev/null)\n"
+    "TRIO_SWE_EOF\n"
+)
+
+
+def diff_script(
+    *, workdir: str, base_commit: str, out_path: str, err_path: str, excludes: tuple[str, ...]
+) -> str:
+    """The sh script that takes a patch (``git add -N``, then ``git diff --binary`` against
+    ``base_commit`` into ``out_path``, then prints it) in a tree someone else controlled.
+
+    It runs as root in the agent's sandbox, where the agent could write ``.git/config``, hooks,
+    ``.gitattributes`` and the global config under ``/tmp``: no hook, fsmonitor, filter,
+    textconv, external diff, automatic gc or global config of theirs runs, and submodules are
+    not entered.
+    """
+    q = shlex.quote
+    safe = " ".join(f"-c {q(f'{k}={v}')}" for k, v in GIT_SAFE_CONFIG)
+    script = (
+        f"cd {q(workdir)} || exit 1\n"
+        "export GIT_CONFIG_GLOBAL=/dev/null GIT_CONFIG_NOSYSTEM=1\n"
+        + _NO_FILTERS
+        + f'git {safe} "$@" add -N . 2>{q(err_path)} && '
+        f'git {safe} "$@" diff --binary --no-color --no-ext-diff --no-textconv '
+        f"--ignore-submodules=dirty {q(base_commit)} -- . "
+        + " ".join(q(f":(exclude){name}") for name in excludes)
+        + f" > {q(out_path)} 2>{q(err_path)} && cat {q(out_path)} || {{ cat {q(err_path)}; exit 1; }}\n"
+    )
+    return script
