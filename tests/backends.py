@@ -37,7 +37,23 @@ async def open_e2b_backend(tmp_path: Path) -> AsyncIterator[Backend]:
         assert await threaded.live_sandbox_ids() == [], "E2BBackend leaked a sandbox"
 
 
+@asynccontextmanager
+async def open_docker_backend(tmp_path: Path) -> AsyncIterator[Backend]:
+    """DockerBackend against the test daemon (tests/dockerenv.py): the suites' image directory
+    is copied into a container of the base image. Checks that no container of ours is left."""
+    from trio_swe.sandbox.docker import DockerBackend
+
+    from .dockerenv import ACTIVE
+
+    del tmp_path
+    assert ACTIVE is not None, "the docker_env fixture starts the daemon first"
+    async with DockerBackend(host=ACTIVE.docker_host, base_image=ACTIVE.base_image) as backend:
+        yield backend
+    assert ACTIVE.own_containers() == [], "DockerBackend leaked a container"
+
+
 BACKENDS: dict[str, Callable[[Path], AbstractAsyncContextManager[Backend]]] = {
     "local": open_local_backend,
     "e2b": open_e2b_backend,
+    "docker": open_docker_backend,
 }

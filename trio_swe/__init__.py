@@ -45,11 +45,13 @@ from .sandbox import (
     EXIT_TIME_BUDGET_EXCEEDED,
     Backend,
     ExecResult,
+    ResourceLimits,
     Sandbox,
     SandboxSpec,
     exec_and_wait,
     open_sandbox,
 )
+from .sandbox.docker import DockerBackend
 from .sandbox.e2b import E2BBackend
 from .sandbox.local import LocalBackend
 from .trajectory import (
@@ -78,6 +80,7 @@ __all__ = [
     "BuilderStatistics",
     "ConfigError",
     "DetachedCommandLostError",
+    "DockerBackend",
     "E2BBackend",
     "EpisodeResult",
     "EvalInfrastructureError",
@@ -91,6 +94,7 @@ __all__ = [
     "PatchFailedError",
     "PhaseTimings",
     "PolicyError",
+    "ResourceLimits",
     "ResultsWriter",
     "Sample",
     "SampleBuilder",

@@ -3,13 +3,20 @@
 from ._detached import exec_and_wait
 from ._open import open_sandbox
 from ._protocol import Backend, Sandbox
-from ._types import EXIT_TIME_BUDGET_EXCEEDED, ExecReason, ExecResult, SandboxSpec
+from ._types import (
+    EXIT_TIME_BUDGET_EXCEEDED,
+    ExecReason,
+    ExecResult,
+    ResourceLimits,
+    SandboxSpec,
+)
 
 __all__ = [
     "EXIT_TIME_BUDGET_EXCEEDED",
     "Backend",
     "ExecReason",
     "ExecResult",
+    "ResourceLimits",
     "Sandbox",
     "SandboxSpec",
     "exec_and_wait",

@@ -9,7 +9,7 @@ import trio
 
 from .._groups import collapse, note_cleanup_failure
 from ._protocol import Backend, Sandbox
-from ._types import SandboxSpec
+from ._types import ResourceLimits, SandboxSpec
 
 #: Upper bound on the shielded kill at exit, so a hung provider cannot hang the caller forever.
 DEFAULT_KILL_TIMEOUT_SEC = 30.0
@@ -25,6 +25,7 @@ async def open_sandbox(
     network: bool = True,
     ttl_sec: float = 3600.0,
     metadata: Mapping[str, str] | None = None,
+    limits: ResourceLimits | None = None,
     kill_timeout_sec: float = DEFAULT_KILL_TIMEOUT_SEC,
 ) -> AsyncIterator[Sandbox]:
     """Boot a sandbox and kill it on every way out of the block.
@@ -46,6 +47,7 @@ async def open_sandbox(
         network=network,
         ttl_sec=ttl_sec,
         metadata=dict(metadata or {}),
+        limits=limits,
     )
     body_error: BaseException | None = None
     sandbox: Sandbox | None = None

@@ -46,16 +46,33 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
         return self.exit_code == 0 and self.reason == "exit"
 
 
+class ResourceLimits(msgspec.Struct, frozen=True, kw_only=True):
+    """Resource limits of one sandbox, where the backend enforces them (docker: cgroups).
+
+    Attributes:
+        memory_bytes: memory (swap included); the kernel OOM-kills past it.
+        cpus: CPU time as a number of cores (``0.5`` is half of one).
+        pids: processes and threads at once.
+    """
+
+    memory_bytes: int | None = None
+    cpus: float | None = None
+    pids: int | None = None
+
+
 class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     """What to boot. Backends interpret ``image`` in their own way.
 
     Attributes:
-        image: local backend: a directory or ``path@commit`` of a git repository; e2b: a template.
+        image: local backend: a directory, ``path@commit`` of a git repository, or an OCI image
+            (``registry/name:tag``, ``oci:DIR[:TAG]``, ``docker-archive:FILE``); e2b: a
+            template; docker: an image reference (or, with a ``base_image``, a directory).
         workdir: where the repository lives inside the sandbox.
         env: environment variables of every command in the sandbox.
         network: False cuts the sandbox off the network (where the backend can).
         ttl_sec: how long the provider may keep an abandoned sandbox alive (e2b's timeout).
         metadata: free-form labels (instance id, episode id) for the provider's bookkeeping.
+        limits: resource limits (``None``: the backend's defaults).
     """
 
     image: str
@@ -64,3 +81,4 @@ class SandboxSpec(msgspec.Struct, frozen=True, kw_only=True):
     network: bool = True
     ttl_sec: float = 3600.0
     metadata: Mapping[str, str] = msgspec.field(default_factory=dict)
+    limits: ResourceLimits | None = None

@@ -1,0 +1,294 @@
+"""``DockerSandbox``: one container; commands through the exec API, files through the archive API."""
+
+from __future__ import annotations
+
+import posixpath
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from typing import Any, Final
+
+import trio
+
+from ..._errors import InvalidArgumentError, SandboxError, SandboxFileNotFoundError
+from .._types import ExecResult
+from .._validate import check_abs_path, check_env, check_user
+from ._engine import Engine, EngineError
+from ._wire import env_list, file_archive, first_member, resolve_link
+
+#: ``exec`` keeps at most this much output (the tail), as the local backend does.
+MAX_EXEC_OUTPUT: Final = 8 * 1024 * 1024
+#: Marks every process an ``exec`` starts, so a timeout or cancellation can find and kill them
+#: all (the exec API has no kill): the value is a nonce per call.
+EXEC_MARK: Final = "TRIO_SWE_EXEC"
+_KILL_SEC: Final = 15.0
+
+# Freezes then kills every process whose environment holds the call's mark; repeats until none.
+_KILL_SCRIPT: Final = (
+    'm="TRIO_SWE_EXEC=$1"; for round in 1 2 3 4 5; do found=; '
+    "for e in /proc/[0-9]*/environ; do p=${e#/proc/}; p=${p%/environ}; "
+    '[ "$p" = "$$" ] && continue; '
+    "if tr '\\000' '\\n' < \"$e\" 2>/dev/null | grep -qxF \"$m\"; then "
+    'kill -STOP "$p" 2>/dev/null; found="$found $p"; fi; done; '
+    '[ -z "$found" ] && exit 0; kill -KILL $found 2>/dev/null; done'
+)
+
+
+class DockerSandbox:
+    """A running container. Create it with ``open_sandbox(DockerBackend(), image)``."""
+
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        container_id: str,
+        name: str,
+        workdir: str,
+        nursery: trio.Nursery,
+        env: Mapping[str, str],
+        boot_sec: float,
+        on_close: Callable[[DockerSandbox], None] | None = None,
+    ) -> None:
+        self._engine = engine
+        self._cid = container_id
+        self.name = name
+        self._workdir = workdir
+        self._nursery = nursery
+        self._env = dict(env)
+        self._on_close = on_close
+        self._killed = False
+        self._ids: dict[str, tuple[int, int]] = {"root": (0, 0)}
+        self._stats: dict[str, Any] = {
+            "boot_sec": boot_sec,
+            "execs": 0,
+            "exec_timeouts": 0,
+            "exec_kills": 0,
+            "files_written": 0,
+            "files_read": 0,
+        }
+
+    @property
+    def id(self) -> str:
+        return self._cid
+
+    @property
+    def workdir(self) -> str:
+        return self._workdir
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        return self._nursery
+
+    def statistics(self) -> Mapping[str, Any]:
+        return dict(self._stats)
+
+    def record_boot(self, seconds: float) -> None:
+        """Set the boot time (create + start + tree copy), measured by the backend."""
+        self._stats["boot_sec"] = seconds
+
+    # -- processes ----------------------------------------------------------------------------
+    async def _start(
+        self, argv: list[str], *, user: str | None, env: Mapping[str, str] | None, cwd: str | None
+    ) -> tuple[str, str]:
+        if user is not None:
+            check_user(user)
+        workdir = check_abs_path(cwd or self._workdir, what="cwd")
+        mark = uuid.uuid4().hex
+        merged = {**self._env, **check_env(env), EXEC_MARK: mark}
+        body = {
+            "Cmd": argv,
+            "AttachStdin": False,
+            "AttachStdout": True,
+            "AttachStderr": True,
+            "Tty": False,
+            "Env": env_list(merged),
+            "WorkingDir": workdir,
+            "User": user or "",
+        }
+        return await self._engine.exec_create(self._cid, body), mark
+
+    async def _run(
+        self,
+        argv: list[str],
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        max_output: int = MAX_EXEC_OUTPUT,
+    ) -> tuple[int, bytes, bytes, bool]:
+        """Run to completion: (status, merged output, stderr, truncated). Cancel kills it."""
+        exec_id, mark = await self._start(argv, user=user, env=env, cwd=cwd)
+        merged = bytearray()
+        err = bytearray()
+        truncated = False
+
+        def on_frame(stream: int, data: bytes) -> None:
+            nonlocal truncated
+            merged.extend(data)
+            if len(merged) > max_output:
+                del merged[: len(merged) - max_output]
+                truncated = True
+            if stream == 2 and len(err) < 65536:
+                err.extend(data[: 65536 - len(err)])
+
+        finished = False
+        try:
+            await self._engine.exec_stream(exec_id, on_frame)
+            info = await self._engine.exec_inspect(exec_id)
+            while info.get("Running"):  # the stream ended just before the exit was recorded
+                await trio.sleep(0.01)
+                info = await self._engine.exec_inspect(exec_id)
+            finished = True
+        finally:
+            if not finished:
+                await self._kill_marked(mark)
+        code = info.get("ExitCode")
+        if code is None:
+            raise SandboxError(f"exec {argv[:3]}: the daemon reported no exit code")
+        if isinstance(code, int) and code == 126 and b"unable to find user" in bytes(merged):
+            raise InvalidArgumentError(f"unknown user {user!r} in container {self._cid[:12]}")
+        return int(code), bytes(merged), bytes(err), truncated
+
+    async def _kill_marked(self, mark: str) -> None:
+        """Kill what one exec started (shielded, bounded): the exec API has no kill call."""
+        self._stats["exec_kills"] += 1
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + _KILL_SEC
+            try:
+                kill_id, _ = await self._start(
+                    ["/bin/sh", "-c", _KILL_SCRIPT, "kill", mark], user=None, env=None, cwd="/"
+                )
+                await self._engine.exec_stream(kill_id, lambda s, d: None)
+            except SandboxError:
+                pass  # the container is gone or going: its processes went with it
+
+    async def exec(
+        self,
+        cmd: str,
+        *,
+        user: str | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = 60.0,
+        idempotent: bool = False,
+    ) -> ExecResult:
+        """Run ``cmd`` with ``/bin/sh -c``; see :meth:`trio_swe.Sandbox.exec`."""
+        del idempotent  # a unix socket does not drop replies: nothing to retry
+        self._stats["execs"] += 1
+        start = trio.current_time()
+        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+            status, out, _, truncated = await self._run(
+                ["/bin/sh", "-c", cmd], user=user, env=env, cwd=cwd
+            )
+        duration = trio.current_time() - start
+        if scope.cancelled_caught:
+            self._stats["exec_timeouts"] += 1
+            return ExecResult(exit_code=-1, reason="timeout", duration_sec=duration)
+        return ExecResult(
+            exit_code=status,
+            output=out.decode("utf-8", errors="replace"),
+            duration_sec=duration,
+            output_truncated=truncated,
+        )
+
+    # -- files --------------------------------------------------------------------------------
+    async def _ids_of(self, user: str) -> tuple[int, int]:
+        if user not in self._ids:
+            check_user(user)
+            status, out, _, _ = await self._run(
+                ["/bin/sh", "-c", 'id -u "$1" && id -g "$1"', "id", user], cwd="/"
+            )
+            nums = out.split()
+            if status != 0 or len(nums) != 2 or not all(n.isdigit() for n in nums):
+                raise InvalidArgumentError(f"unknown user {user!r} in container {self._cid[:12]}")
+            self._ids[user] = (int(nums[0]), int(nums[1]))
+        return self._ids[user]
+
+    async def write_file(
+        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+    ) -> None:
+        """Create or replace ``path``, owned by ``user`` (parents created as that user)."""
+        check_abs_path(path)
+        if path.endswith("/"):
+            raise InvalidArgumentError(f"write_file: {path!r} names a directory")
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        uid, gid = await self._ids_of(user or "root")
+        parent, name = posixpath.split(posixpath.normpath(path))
+        tar = file_archive(name, payload, mode=0o644 if mode is None else mode, uid=uid, gid=gid)
+        for attempt in (0, 1):
+            try:
+                await self._engine.request(
+                    "PUT",
+                    f"/containers/{self._cid}/archive",
+                    params={"path": parent, "noOverwriteDirNonDir": "true"},
+                    content=tar,
+                    headers={"content-type": "application/x-tar"},
+                    what=f"write_file {path}",
+                )
+                break
+            except EngineError as exc:
+                if exc.status != 404 or attempt:
+                    raise SandboxError(f"write_file {path!r} failed: {exc.message}") from exc
+            # The parent is missing: make it as the user (so it owns what it creates), then retry.
+            status, out, _, _ = await self._run(
+                ["/bin/sh", "-c", 'mkdir -p -- "$1"', "mkdir", parent], user=user, cwd="/"
+            )
+            if status != 0:
+                raise SandboxError(f"write_file {path!r}: cannot create {parent}: {out!r}")
+        self._stats["files_written"] += 1
+
+    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
+        """The bytes of ``path`` (symlinks followed); :class:`SandboxFileNotFoundError` if missing."""
+        check_abs_path(path)
+        if user is not None:
+            check_user(user)
+        for _hop in range(40):
+            async with self._engine.get_archive(self._cid, path) as response:
+                body = await response.aread()
+            if response.status_code == 404:
+                raise SandboxFileNotFoundError(
+                    f"{path}: no such file in container {self._cid[:12]}"
+                )
+            if response.status_code != 200:
+                raise SandboxError(
+                    f"read_file {path!r} failed ({response.status_code}): {body[:300]!r}"
+                )
+            member = first_member(body)
+            if member.kind == "file":
+                self._stats["files_read"] += 1
+                return member.data
+            if member.kind != "symlink":
+                raise SandboxError(f"read_file {path!r}: not a regular file ({member.kind})")
+            path = resolve_link(path, member.linkname)
+        raise SandboxError(f"read_file {path!r}: too many levels of symbolic links")
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def kill(self) -> None:
+        """Force-remove the container (and every process in it). Idempotent."""
+        if self._killed:
+            return
+        self._killed = True
+        t0 = time.monotonic()
+        with trio.CancelScope(shield=True):
+            try:
+                await remove_container(self._engine, self._cid)
+            finally:
+                self._stats["kill_sec"] = time.monotonic() - t0
+                if self._on_close is not None:
+                    self._on_close(self)
+
+
+async def remove_container(engine: Engine, name_or_id: str) -> None:
+    """``DELETE /containers/{id}?force=true&v=true``; a container already gone is fine."""
+    try:
+        await engine.request(
+            "DELETE",
+            f"/containers/{name_or_id}",
+            params={"force": "true", "v": "true"},
+            what=f"remove container {name_or_id[:24]}",
+            ok=(200, 204, 404),
+        )
+    except EngineError as exc:
+        if exc.status == 409 and "in progress" in exc.message:
+            return  # another remove of it is under way
+        raise
