@@ -3,31 +3,62 @@
 Each command is started through ``nsenter`` in a new session on the host, so the whole tree it
 spawns (short of a deliberate ``setsid``) shares one process group that the host can signal,
 whatever pid namespace its members live in.
+
+``nsenter`` runs on the host (as root, before it enters the namespaces): it is found by absolute
+path and started with :data:`HOST_ENV`, never with the command's environment, which ``env -i``
+applies once inside the sandbox. Otherwise a ``PATH`` naming a host directory would pick the
+``nsenter`` to run, and ``LD_PRELOAD`` would load a host library into it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Callable, Mapping, Sequence
+from typing import Final
 
 import trio
 
-from ..._errors import SandboxError
+from ..._errors import BackendUnavailableError, SandboxError
 from ._users import SandboxUser
+
+#: Where the launcher's tools are looked up: system directories, which the sandbox sees too
+#: (its root is the host's, read-only, except the private /tmp and /root).
+_SYSTEM_PATH: Final = "/usr/sbin:/usr/bin:/sbin:/bin"
+#: The whole environment of the host-side ``nsenter``.
+HOST_ENV: Final[Mapping[str, str]] = {"PATH": _SYSTEM_PATH, "LC_ALL": "C"}
+
+
+@functools.cache
+def tool_path(name: str) -> str:
+    """The absolute path of a launcher tool (``nsenter``, ``setpriv``, ``env``)."""
+    found = shutil.which(name, path=_SYSTEM_PATH) or shutil.which(name)
+    if found is None:
+        raise BackendUnavailableError(f"the local backend needs `{name}` (util-linux/coreutils)")
+    return os.path.abspath(found)
 
 
 def nsenter_argv(
-    init_pid: int, argv: Sequence[str], *, user: SandboxUser, cwd: str, network_ns: bool
+    init_pid: int,
+    argv: Sequence[str],
+    *,
+    user: SandboxUser,
+    cwd: str,
+    network_ns: bool,
+    env: Mapping[str, str],
 ) -> list[str]:
-    """The host command that runs ``argv`` as ``user`` in ``cwd`` inside the sandbox."""
-    out = ["nsenter", "-t", str(init_pid), "-m", "-p", "-u", "-i"]
+    """The host command that runs ``argv`` as ``user`` in ``cwd`` inside the sandbox, with
+    exactly the environment ``env`` (applied by ``env -i`` after the namespaces are entered)."""
+    out = [tool_path("nsenter"), "-t", str(init_pid), "-m", "-p", "-u", "-i"]
     if network_ns:
         out.append("-n")
     out += ["-r", f"--wdns={cwd}", "--"]
     if user.uid != 0:
-        out += ["setpriv", f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups"]
+        out += [tool_path("setpriv"), f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups"]
+    out += [tool_path("env"), "-i", *(f"{k}={v}" for k, v in env.items())]
     return out + list(argv)
 
 
@@ -84,19 +115,19 @@ class LocalProcess:
 async def start_local_process(
     argv: list[str],
     *,
-    env: Mapping[str, str],
     stdin: bool,
     merge_stderr: bool,
     on_close: Callable[[LocalProcess], None] | None = None,
 ) -> LocalProcess:
-    """Start ``argv`` (an nsenter command) in a session of its own, with pipes."""
+    """Start ``argv`` (an nsenter command) in a session of its own, with pipes and
+    :data:`HOST_ENV`."""
     try:
         process = await trio.lowlevel.open_process(
             argv,
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-            env=dict(env),
+            env=dict(HOST_ENV),
             start_new_session=True,
         )
     except OSError as exc:

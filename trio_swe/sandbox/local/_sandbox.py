@@ -152,14 +152,21 @@ class LocalSandbox:
         self._require_alive()
         if not argv:
             raise InvalidArgumentError("argv must not be empty")
+        if "=" in argv[0]:
+            # `env` would take it for a variable assignment.
+            raise InvalidArgumentError(f"argv[0] must not contain '=': {argv[0]!r}")
         who = self._user(user)
         workdir = check_abs_path(cwd or self._workdir, what="cwd")
         host_argv = nsenter_argv(
-            self._init_pid, argv, user=who, cwd=workdir, network_ns=self._own_netns
+            self._init_pid,
+            argv,
+            user=who,
+            cwd=workdir,
+            network_ns=self._own_netns,
+            env=self._env(who, env),
         )
         proc = await start_local_process(
             host_argv,
-            env=self._env(who, env),
             stdin=stdin,
             merge_stderr=merge_stderr,
             on_close=self._processes.discard,
