@@ -110,6 +110,6 @@ def test_generate_returns_slime_samples(tmp_path: Path, monkeypatch: pytest.Monk
     assert evaluated.remove_sample  # evaluation samples are not trained on
     assert evaluated.status is S.COMPLETED
     (broken,) = out["broken"]
-    assert broken.status is S.ABORTED
+    assert broken.status is S.FAILED  # an unreadable row is permanent: never requeued
     assert broken.remove_sample
     assert broken.metadata["abort_reason"].startswith("metadata:")

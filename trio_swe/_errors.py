@@ -19,6 +19,7 @@ SandboxError (others)         ``sandbox_error``        a sandbox died or stopped
 SetupFailedError              ``setup_failed``         pre-commands or workspace preparation
 AgentInstallError             ``agent_install_failed`` a CLI agent could not be installed
 PolicyError                   ``policy_error``         the policy server failed
+PromptTooLongError            ``prompt_too_long``      the first prompt cannot fit the context
 PatchFailedError              ``patch_failed``         the patch could not be taken
 EvalInfrastructureError       ``eval_infrastructure``  the eval sandbox or its setup failed
 TrioSweError (others)         ``internal_error``       a bug or a misuse; the traceback is logged
@@ -41,6 +42,7 @@ __all__ = [
     "MetadataError",
     "PatchFailedError",
     "PolicyError",
+    "PromptTooLongError",
     "SampleDecodeError",
     "SandboxBootError",
     "SandboxError",
@@ -60,6 +62,7 @@ AbortReason = Literal[
     "sandbox_error",  # a sandbox died or became unreachable mid-episode
     "agent_install_failed",  # a CLI agent could not be installed
     "policy_error",  # the policy server failed
+    "prompt_too_long",  # the first prompt does not fit the context: never sent (a row property)
     "patch_failed",  # the patch could not be taken from the sandbox
     "eval_infrastructure",  # the eval sandbox or its setup failed
     "guard_timeout",  # the outer guard (agent + setup + eval + headroom) fired
@@ -128,6 +131,25 @@ class PolicyError(TrioSweError):
     """The policy server failed (unreachable, HTTP error, malformed reply): infrastructure."""
 
     abort_reason: ClassVar[AbortReason] = "policy_error"
+
+
+class PromptTooLongError(TrioSweError):
+    """The agent's first prompt does not fit the context (``max_context_tokens``, or the
+    agent's default cap): nothing was sent to the policy. A property of the row, not a passing
+    failure (slime gets ``Status.FAILED``).
+
+    Attributes:
+        tokens: the prompt's length, or a lower bound of it when it was not tokenized.
+        limit: the cap it exceeds.
+    """
+
+    abort_reason: ClassVar[AbortReason] = "prompt_too_long"
+
+    def __init__(self, tokens: int, limit: int, *, exact: bool) -> None:
+        what = f"{tokens} tokens" if exact else f"at least {tokens} tokens (not tokenized)"
+        super().__init__(f"the first prompt is {what}; the limit is {limit}")
+        self.tokens = tokens
+        self.limit = limit
 
 
 class AgentInstallError(TrioSweError):

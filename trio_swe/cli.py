@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -316,8 +317,9 @@ async def _close_agent(agent: Agent) -> None:
 async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from .agents._bash_agent import BashAgent
     from .agents._policy import SGLangPolicy
-    from .agents._tokenizer import ByteTokenizer
+    from .agents._tokenizer import ByteTokenizer, Tokenizer
     from .demo import build_demo_set, open_scripted_policy_server
+    from .models import ChatModel
     from .sandbox.local import LocalBackend
 
     started = time.monotonic()
@@ -336,19 +338,34 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
         )
         config.validate_protocols()
         mds = [get_metadata(row, "scaleswe") for row in demo.rows]
+        tokenizer: Tokenizer | ChatModel = ByteTokenizer()
+        dialect = "byte tokens, ```bash blocks"
+        if args.tokenizer:
+            # The checkpoint's tokenizer and template: the policy plays the scripts as that
+            # model's tool calls, the agent parses them with the checkpoint's parser.
+            tokenizer = await trio.to_thread.run_sync(
+                partial(
+                    ChatModel.from_checkpoint,
+                    args.tokenizer,
+                    tools=BashAgent.TOOLS,
+                    tool_parser=args.tool_parser,
+                )
+            )
+            dialect = f"{args.tokenizer}: its chat template, {tokenizer.parser.name} tool calls"
         console.print(
             f"demo: {len(mds)} instances built in {workdir / 'repos'}; scripted policy on "
-            f"loopback; bash agent; local backend without network; concurrency {args.concurrency}"
+            f"loopback; bash agent ({dialect}); local backend without network; "
+            f"concurrency {args.concurrency}"
         )
         writer = ResultsWriter(args.out) if args.out else None
         try:
             async with (
-                open_scripted_policy_server(demo.scripts) as server,
+                open_scripted_policy_server(demo.scripts, tokenizer=tokenizer) as server,
                 SGLangPolicy(server.url) as policy,
             ):
                 agent = BashAgent(
                     policy,
-                    ByteTokenizer(),
+                    tokenizer,
                     max_turns=config.max_turns,
                     command_timeout_sec=config.command_timeout_sec,
                 )
@@ -425,6 +442,15 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default=None, help="also write the results here")
     demo.add_argument("--keep", action="store_true", help="keep the demo repositories")
     demo.add_argument("--no-progress", action="store_true", help="no live display")
+    demo.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="a checkpoint folder: speak its chat template and tool calls (needs trio-swe[hf])",
+    )
+    demo.add_argument(
+        "--tool-parser", default="auto", help="tool-call format with --tokenizer (default: auto)"
+    )
     return parser
 
 

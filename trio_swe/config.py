@@ -30,6 +30,11 @@ variable                       meaning                                          
 ``SWE_OBSERVATION_MAX_CHARS``  tail of a command's output shown to the policy           4000
 ``NPM_INSTALL_RETRIES``        attempts of ``npm install`` of a CLI agent               3
 ``NPM_INSTALL_BACKOFF_SEC``    backoff unit between npm attempts (x attempt number)     2.0
+``SWE_TOKENIZER``              checkpoint folder of the bash agent's tokenizer and      (none:
+                               chat template (tool calls); generate() prefers            byte
+                               slime's ``args.hf_checkpoint``                           tokens)
+``SWE_TOOL_PARSER``            tool-call format: ``hermes``, ``qwen3_coder``, or         auto
+                               ``auto`` (inferred from the chat template)
 =============================  ======================================================  =========
 """
 
@@ -73,6 +78,9 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
         observation_max_chars: how much of a command's output the bash agent shows the policy.
         npm_install_retries: attempts of ``npm install`` for a CLI agent (``NPM_INSTALL_RETRIES``).
         npm_install_backoff_sec: backoff unit between npm attempts (``NPM_INSTALL_BACKOFF_SEC``).
+        tokenizer: checkpoint folder whose tokenizer and chat template the bash agent speaks
+            (``SWE_TOKENIZER``); empty: the byte tokenizer and its text dialect.
+        tool_parser: the checkpoint's tool-call format (``SWE_TOOL_PARSER``), or ``auto``.
     """
 
     backend: str = "local"
@@ -95,6 +103,8 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
     observation_max_chars: int = 4000
     npm_install_retries: int = 3
     npm_install_backoff_sec: float = 2.0
+    tokenizer: str = ""
+    tool_parser: str = "auto"
 
     def __post_init__(self) -> None:
         _check(self.backend in BACKENDS, "backend", f"{self.backend!r}: {_BACKEND_CHOICES}")
@@ -114,6 +124,21 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
         _check(self.npm_install_retries >= 1, "npm_install_retries", "must be >= 1")
         _check(self.npm_install_backoff_sec >= 0, "npm_install_backoff_sec", "must be >= 0")
         _check(bool(self.agent.strip()), "agent", "must be a non-empty name")
+        if self.tokenizer:
+            # Loaded later (by the agent); a path that cannot be a checkpoint fails right here.
+            _check(
+                os.path.isdir(self.tokenizer),
+                "tokenizer",
+                f"{self.tokenizer!r} is not a checkpoint directory",
+            )
+        if self.tool_parser != "auto":
+            from .models import available_tool_parsers
+
+            _check(
+                self.tool_parser in available_tool_parsers(),
+                "tool_parser",
+                f"{self.tool_parser!r}: choose auto or one of {', '.join(available_tool_parsers())}",
+            )
 
     @property
     def guard_sec(self) -> float:
@@ -232,6 +257,8 @@ _ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
     "observation_max_chars": ("SWE_OBSERVATION_MAX_CHARS", int),
     "npm_install_retries": ("NPM_INSTALL_RETRIES", int),
     "npm_install_backoff_sec": ("NPM_INSTALL_BACKOFF_SEC", _parse_float),
+    "tokenizer": ("SWE_TOKENIZER", _parse_name),
+    "tool_parser": ("SWE_TOOL_PARSER", _parse_name),
 }
 
 #: The environment variable of each field, for documentation and error messages.

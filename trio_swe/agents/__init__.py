@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+from .._errors import PromptTooLongError
 from ._bash_agent import BashAgent, parse_command, render_first_prompt
 from ._harness import (
     AgentFactory,
@@ -41,6 +42,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyOutput",
+    "PromptTooLongError",
     "SGLangPolicy",
     "Tokenizer",
     "available_agents",

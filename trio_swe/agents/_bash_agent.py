@@ -1,27 +1,40 @@
-"""The built-in bash agent: the policy proposes one shell command per turn, the loop runs it.
+"""The built-in bash agent: the policy proposes commands turn by turn, the loop runs them.
 
-The token history is append-only: the first prompt is encoded once, and every later prompt is the
-previous prompt + the exact sampled output ids + the encoded observation. Nothing is re-rendered
-or re-tokenized, so each prompt is a prefix of the next and the sample builder always takes its
-CLEAN path (no false forks from template round-trips, no O(N^2) re-tokenization).
+Two dialects, one loop:
+
+* **tools** (a :class:`~trio_swe.models.ChatModel`: a checkpoint's tokenizer and chat template):
+  the ``bash`` tool (and ``edit_file``) are declared to the template; tool calls are parsed from
+  the model's output by the checkpoint's parser; each result goes back as a ``tool`` message,
+  rendered by the template as a delta.
+* **text** (a plain :class:`~trio_swe.agents.Tokenizer`, e.g. :class:`ByteTokenizer` for demos):
+  a fixed ChatML prompt and one ```` ```bash ```` block per reply.
+
+In both, the token history is append-only: every prompt is the previous prompt + the exact
+sampled output ids + the encoded observation. Nothing sampled is re-rendered or re-tokenized,
+so each prompt is a prefix of the next and the sample builder always takes its CLEAN path.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import shlex
 import time
 from array import array
 from typing import Any, Final
 
 import trio
 
+from .._errors import PromptTooLongError, TrioSweError
+from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory, ToolCall
 from ..sandbox import Sandbox
 from ..trajectory import TurnRecord
-from ._policy import Policy, PolicyError
+from ._policy import Policy, PolicyError, PolicyOutput
 from ._tokenizer import Tokenizer
 from ._types import AgentFinish, AgentOutcome, AgentTask, BaseAgent
 
-__all__ = ["BashAgent", "render_first_prompt"]
+__all__ = ["DEFAULT_MAX_PROMPT_TOKENS", "BashAgent", "PromptTooLongError", "render_first_prompt"]
 
 IM_START: Final = "<|im_start|>"
 IM_END: Final = "<|im_end|>"
@@ -29,6 +42,9 @@ IM_END: Final = "<|im_end|>"
 ASSISTANT_HEADER: Final = f"{IM_START}assistant\n"
 #: The command that ends the run.
 SUBMIT: Final = "submit"
+#: The first prompt's cap when the task sets no ``max_context_tokens``: no sane problem
+#: statement is longer, and a bigger one must not reach the policy server.
+DEFAULT_MAX_PROMPT_TOKENS: Final = 131_072
 
 SYSTEM_PROMPT: Final = (
     "You are a careful software engineer. You work in a shell inside the repository at "
@@ -36,6 +52,13 @@ SYSTEM_PROMPT: Final = (
     "block; the command runs as the next step and its output comes back to you. Fix the issue "
     "by editing source files; do not edit the tests and do not commit. When you are done, reply "
     "with a ```bash block that holds only `submit`."
+)
+
+TOOL_SYSTEM_PROMPT: Final = (
+    "You are a careful software engineer working in the repository at {workdir}. Use the tools "
+    "to read and change files and to run commands; the result of every call comes back to you. "
+    "Fix the issue by editing source files; do not edit the tests and do not commit. When you "
+    "are done, call bash with the command `submit` alone."
 )
 
 USER_PROMPT: Final = (
@@ -52,20 +75,59 @@ _DEFAULT_SAMPLING: Final[dict[str, Any]] = {
     "no_stop_trim": True,
 }
 
+# Run by the edit tool as the agent user: the arguments arrive base64-encoded in argv[1] (one
+# quoted word), so nothing the model wrote is ever parsed by a shell.
+_EDIT_SCRIPT: Final = r"""
+import base64, json, sys
+a = json.loads(base64.b64decode(sys.argv[1]))
+path, old, new = a["path"], a["old_text"], a["new_text"]
+if old == "":
+    open(path, "w", encoding="utf-8").write(new)
+    print(f"wrote {path} ({len(new)} characters)")
+    sys.exit(0)
+try:
+    text = open(path, encoding="utf-8").read()
+except OSError as e:
+    print(f"cannot read {path}: {e.strerror}")
+    sys.exit(1)
+n = text.count(old)
+if n != 1:
+    print(f"old_text occurs {n} times in {path}; it must occur exactly once")
+    sys.exit(1)
+open(path, "w", encoding="utf-8").write(text.replace(old, new, 1))
+print(f"edited {path}")
+"""
+#: Linux caps one argv word at 128 KiB; an edit whose encoded arguments exceed this is refused.
+_EDIT_MAX_ARG = 120 * 1024
+
 
 def render_first_prompt(task: AgentTask) -> str:
-    """The text of the first prompt: system message, the issue, then the assistant header."""
+    """The text dialect's first prompt: system message, the issue, then the assistant header."""
     system = SYSTEM_PROMPT.format(workdir=task.workdir)
-    user = USER_PROMPT.format(
+    return (
+        f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{_user_prompt(task)}{IM_END}\n"
+        f"{ASSISTANT_HEADER}"
+    )
+
+
+def _user_prompt(task: AgentTask) -> str:
+    return USER_PROMPT.format(
         instance_id=task.instance_id,
         problem_statement_path=task.problem_statement_path,
         problem_statement=task.problem_statement.strip(),
     )
-    return f"{IM_START}system\n{system}{IM_END}\n{IM_START}user\n{user}{IM_END}\n{ASSISTANT_HEADER}"
+
+
+def first_messages(task: AgentTask) -> list[dict[str, Any]]:
+    """The tools dialect's first messages: system and user."""
+    return [
+        {"role": "system", "content": TOOL_SYSTEM_PROMPT.format(workdir=task.workdir)},
+        {"role": "user", "content": _user_prompt(task)},
+    ]
 
 
 def parse_command(text: str) -> str | None:
-    """The one command of a reply, or None when the reply has no block or more than one."""
+    """The one command of a text-dialect reply, or None when it has no block or more than one."""
     blocks = _BLOCK.findall(text)
     if len(blocks) != 1:
         return None
@@ -73,24 +135,74 @@ def parse_command(text: str) -> str | None:
     return command or None
 
 
+class _TextChat:
+    """The text dialect: ChatML by hand, one ```bash block per reply."""
+
+    def __init__(self, tokenizer: Tokenizer, task: AgentTask) -> None:
+        self.tokenizer = tokenizer
+        self.ids = array("i", self._encode(render_first_prompt(task)))
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def parse(self, out: PolicyOutput) -> ParsedOutput:
+        text = self.tokenizer.decode(out.output_ids)
+        command = parse_command(text)
+        if command is None:
+            return ParsedOutput(
+                text=text,
+                ill_formed=True,
+                error="reply with exactly one ```bash code block holding one command (or `submit`).",
+            )
+        return ParsedOutput(text=text, tool_calls=(ToolCall("bash", {"command": command}),))
+
+    def append(self, out: PolicyOutput, parsed: ParsedOutput, observations: list[str]) -> None:
+        tail = "" if parsed.text.endswith(IM_END) else IM_END
+        observation = "\n".join(observations)
+        self.ids.extend(out.output_ids)
+        self.ids.extend(
+            self._encode(f"{tail}\n{IM_START}user\n{observation}{IM_END}\n{ASSISTANT_HEADER}")
+        )
+
+
+class _ToolChat:
+    """The tools dialect: the checkpoint's template, tool calls, tool results as deltas."""
+
+    def __init__(self, model: ChatModel, task: AgentTask) -> None:
+        self.model = model
+        self.history: TokenHistory = model.start(first_messages(task))
+        self.ids = self.history.ids
+
+    def parse(self, out: PolicyOutput) -> ParsedOutput:
+        return self.model.parse(out.output_ids)
+
+    def append(self, out: PolicyOutput, parsed: ParsedOutput, observations: list[str]) -> None:
+        self.history.append_output(out.output_ids, parsed)
+        self.history.append_messages([{"role": "tool", "content": o} for o in observations])
+
+
 class BashAgent(BaseAgent):
     """An agent loop in Python over a :class:`~trio_swe.agents.Policy`.
 
     Each turn: call the policy on the token history, record a :class:`~trio_swe.TurnRecord`,
-    parse one ```bash block from the reply, run it as ``user`` in the workdir with a per-command
-    timeout, and append the output (its tail) as the next observation. The run stops on ``submit``
+    parse the reply, run its command(s) as ``user`` in the workdir with a per-command timeout,
+    and append the output (its tail) as the next observation. The run stops on ``submit``
     (exit code 0), on the turn limit or the context cap (exit code 1), or when the budget runs out
-    (exit code -1, the turns so far kept). A reply without exactly one command block is recorded
-    with ``ill_formed=True`` and answered with a format reminder.
+    (exit code -1, the turns so far kept). A reply that does not parse (no tool call, a malformed
+    one, an unknown tool) is recorded with ``ill_formed=True``, kept exactly as sampled, and
+    answered with the parser's error.
 
     Args:
         policy: where completions come from.
-        tokenizer: the policy's tokenizer.
+        tokenizer: a :class:`~trio_swe.models.ChatModel` (the tools dialect: the checkpoint's
+            template and tool calls; its tools must include ``bash``), or a plain tokenizer (the
+            text dialect: ```bash blocks in a fixed ChatML prompt).
         max_turns: policy calls per run.
         command_timeout_sec: limit of one command (also bounded by the remaining budget).
         observation_max_chars: the tail of a command's output shown to the policy.
         sampling_params: defaults under the task's own sampling parameters.
         user: who runs the commands in the sandbox.
+        max_prompt_tokens: cap of the first prompt when the task has no ``max_context_tokens``.
         owns_policy: :meth:`aclose` closes the policy too (the agent registry's bash agent
             owns its SGLang client; a policy you pass in stays yours by default).
     """
@@ -102,31 +214,40 @@ class BashAgent(BaseAgent):
     def __init__(
         self,
         policy: Policy,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | ChatModel,
         *,
         max_turns: int = 50,
         command_timeout_sec: float = 300.0,
         observation_max_chars: int = 4000,
         sampling_params: dict[str, Any] | None = None,
         user: str = "agent",
+        max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
         owns_policy: bool = False,
     ) -> None:
         self.policy = policy
         self.owns_policy = owns_policy
         self.tokenizer = tokenizer
+        if isinstance(tokenizer, ChatModel):
+            names = {str(t.get("function", t).get("name")) for t in tokenizer.tools}
+            if "bash" not in names:
+                raise TrioSweError(
+                    "the bash agent's ChatModel must declare the bash tool "
+                    "(ChatModel.from_checkpoint(path, tools=[BASH_TOOL, EDIT_TOOL]))"
+                )
         self.max_turns = max_turns
         self.command_timeout_sec = command_timeout_sec
         self.observation_max_chars = observation_max_chars
         self.sampling_params = {**_DEFAULT_SAMPLING, **(sampling_params or {})}
         self.user = user
+        self.max_prompt_tokens = max_prompt_tokens
 
     async def aclose(self) -> None:
         """Close the policy if this agent owns it (see ``owns_policy``)."""
         if self.owns_policy and isinstance(self.policy, trio.abc.AsyncResource):
             await self.policy.aclose()
 
-    def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+    #: The tools the tools dialect declares (``ChatModel.from_checkpoint(path, tools=TOOLS)``).
+    TOOLS: Final = (BASH_TOOL, EDIT_TOOL)
 
     def _observation(self, exit_code: int, reason: str, output: str, truncated: bool) -> str:
         limit = self.observation_max_chars
@@ -135,24 +256,45 @@ class BashAgent(BaseAgent):
         status = f"exit code {exit_code}" if reason == "exit" else f"killed ({reason})"
         return f"{status}\n{output}"
 
+    def _check_prompt_size(self, task: AgentTask) -> int:
+        """The first prompt's token limit; raises before tokenizing a statement that cannot fit."""
+        limit = task.max_context_tokens or self.max_prompt_tokens
+        size = len(task.problem_statement.encode("utf-8", errors="surrogatepass"))
+        if size < limit:
+            return limit  # a token covers at least one byte: no bound to check
+        tok = self.tokenizer
+        per_token = tok.max_token_bytes if isinstance(tok, ChatModel) else 1
+        if size // per_token >= limit:
+            raise PromptTooLongError(size // per_token, limit, exact=False)
+        return limit
+
     async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
-        """Run the loop; see the class docstring."""
+        """Run the loop; see the class docstring.
+
+        Raises:
+            PromptTooLongError: the first prompt does not fit (nothing was sent).
+            PolicyError: the policy failed, aborted, or sent ids outside the vocabulary.
+        """
         turns: list[TurnRecord] = []
         transcript: list[str] = []
         stats = {"command_sec": 0.0, "policy_sec": 0.0, "n_commands": 0}
         finish: AgentFinish = "turn_limit"
         params = {**self.sampling_params, **task.sampling_params}
         cap = task.max_context_tokens
+        limit = self._check_prompt_size(task)
         deadline = trio.current_time() + task.time_budget_sec
 
         with trio.CancelScope(deadline=deadline) as budget:
-            # int32 and append-only: each turn's TurnRecord copies it with one memcpy, where a
-            # list would be rebuilt and converted token by token (quadratic over an episode).
-            ids = array("i", self._encode(render_first_prompt(task)))
+            tok = self.tokenizer
+            chat: _TextChat | _ToolChat = (
+                _ToolChat(tok, task) if isinstance(tok, ChatModel) else _TextChat(tok, task)
+            )
+            if len(chat.ids) >= limit:
+                raise PromptTooLongError(len(chat.ids), limit, exact=True)
             for _ in range(self.max_turns):
                 call_params = dict(params)
                 if cap:
-                    room = cap - len(ids)
+                    room = cap - len(chat.ids)
                     if room <= 0:
                         finish = "context_limit"
                         break
@@ -160,56 +302,34 @@ class BashAgent(BaseAgent):
                         int(call_params.get("max_new_tokens", room)), room
                     )
                 t0 = time.monotonic()
-                out = await self.policy.generate(ids, call_params, session_id=task.session_id)
+                out = await self.policy.generate(chat.ids, call_params, session_id=task.session_id)
                 stats["policy_sec"] += time.monotonic() - t0
                 if out.finish_reason == "abort":
                     raise PolicyError("the policy server aborted the generation")
-                text = self.tokenizer.decode(out.output_ids)
-                command = parse_command(text)
+                self._check_vocabulary(out)
+                parsed = chat.parse(out)
                 turns.append(
                     TurnRecord.from_lists(
-                        prompt_ids=ids,
+                        prompt_ids=chat.ids,
                         output_ids=out.output_ids,
                         output_log_probs=out.log_probs,
                         finish_reason=out.finish_reason,
-                        ill_formed=command is None,
+                        ill_formed=parsed.ill_formed,
                     )
                 )
-                transcript.append(f"--- turn {len(turns)} ---\n{text}")
-                if command == SUBMIT:
+                transcript.append(f"--- turn {len(turns)} ---\n{parsed.text}")
+                if parsed.ill_formed:
+                    observations = [f"Format error: {parsed.error}"]
+                elif _submits(parsed.tool_calls):
                     finish = "submitted"
                     break
-                if command is None:
-                    observation = (
-                        "Format error: reply with exactly one ```bash code block holding one "
-                        "command (or `submit`)."
-                    )
                 else:
-                    remaining = max(deadline - trio.current_time(), 0.001)
-                    stats["n_commands"] += 1
-                    t1 = time.monotonic()
-                    try:
-                        result = await sandbox.exec(
-                            command,
-                            user=self.user,
-                            cwd=task.workdir,
-                            timeout=min(self.command_timeout_sec, remaining),
-                        )
-                    finally:
-                        # Counted even when the budget cancels the command midway.
-                        stats["command_sec"] += time.monotonic() - t1
-                    observation = self._observation(
-                        result.exit_code, result.reason, result.output, result.output_truncated
-                    )
-                transcript.append(observation)
-                tail = "" if text.endswith(IM_END) else IM_END
-                ids.extend(out.output_ids)
-                ids.extend(
-                    self._encode(
-                        f"{tail}\n{IM_START}user\n{observation}{IM_END}\n{ASSISTANT_HEADER}"
-                    )
-                )
-                if cap and len(ids) >= cap:
+                    observations = []
+                    for call in parsed.tool_calls:
+                        observations.append(await self._call(sandbox, task, call, deadline, stats))
+                transcript.extend(observations)
+                chat.append(out, parsed, observations)
+                if cap and len(chat.ids) >= cap:
                     finish = "context_limit"
                     break
 
@@ -225,3 +345,56 @@ class BashAgent(BaseAgent):
             policy_sec=float(stats["policy_sec"]),
             n_commands=int(stats["n_commands"]),
         )
+
+    def _check_vocabulary(self, out: PolicyOutput) -> None:
+        tok = self.tokenizer
+        size = tok.vocab_size if isinstance(tok, ChatModel) else getattr(tok, "vocab_size", None)
+        if size is None:
+            return
+        bad = next((i for i in out.output_ids if not 0 <= i < size), None)
+        if bad is not None:
+            raise PolicyError(
+                f"the policy returned token id {bad}, outside the tokenizer's vocabulary "
+                f"(size {size})"
+            )
+
+    async def _call(
+        self,
+        sandbox: Sandbox,
+        task: AgentTask,
+        call: ToolCall,
+        deadline: float,
+        stats: dict[str, Any],
+    ) -> str:
+        """Run one tool call; its observation."""
+        if call.name == "bash":
+            command = str(call.arguments["command"])
+        elif call.name == "edit_file":
+            payload = base64.b64encode(json.dumps(call.arguments).encode()).decode()
+            if len(payload) > _EDIT_MAX_ARG:
+                return "Error: the edit is too large for edit_file; write the file with bash"
+            command = f"python3 -c {shlex.quote(_EDIT_SCRIPT)} {shlex.quote(payload)}"
+        else:  # the parser validated the name against the declared tools
+            return f"Error: the tool {call.name!r} is not available"
+        remaining = max(deadline - trio.current_time(), 0.001)
+        stats["n_commands"] += 1
+        t1 = time.monotonic()
+        try:
+            result = await sandbox.exec(
+                command,
+                user=self.user,
+                cwd=task.workdir,
+                timeout=min(self.command_timeout_sec, remaining),
+            )
+        finally:
+            # Counted even when the budget cancels the command midway.
+            stats["command_sec"] += time.monotonic() - t1
+        return self._observation(
+            result.exit_code, result.reason, result.output, result.output_truncated
+        )
+
+
+def _submits(calls: tuple[ToolCall, ...]) -> bool:
+    return any(
+        c.name == "bash" and str(c.arguments.get("command", "")).strip() == SUBMIT for c in calls
+    )

@@ -18,6 +18,7 @@ import trio
 
 from .._errors import AgentInstallError, ConfigError, InvalidArgumentError
 from ..config import SweConfig
+from ..models import ChatModel
 from ..sandbox import ExecResult, Sandbox
 from ..sandbox._detached import exec_and_wait
 from ._types import Agent, AgentOutcome, AgentTask, BaseAgent
@@ -261,11 +262,20 @@ def create_agent(config: SweConfig, name: str | None = None) -> Agent:
 def _bash_factory(config: SweConfig) -> Agent:
     from ._bash_agent import BashAgent
     from ._policy import SGLangPolicy
-    from ._tokenizer import ByteTokenizer
+    from ._tokenizer import ByteTokenizer, Tokenizer
 
+    tokenizer: Tokenizer | ChatModel
+    if config.tokenizer:
+        # Loaded once per process (a second or so the first time); the template is checked
+        # against the agent's tools here, before any episode.
+        tokenizer = ChatModel.from_checkpoint(
+            config.tokenizer, tools=BashAgent.TOOLS, tool_parser=config.tool_parser
+        )
+    else:
+        tokenizer = ByteTokenizer()
     return BashAgent(
         SGLangPolicy(config.policy_url),
-        ByteTokenizer(),
+        tokenizer,
         max_turns=config.max_turns,
         command_timeout_sec=config.command_timeout_sec,
         observation_max_chars=config.observation_max_chars,

@@ -8,6 +8,14 @@ belongs to. It is stateless per request: the script is chosen by a key found in 
 (``Instance: <key>`` by default) and the turn by how many times the assistant header occurs in
 it, so concurrent episodes, retries and resumed runs all replay consistently.
 
+With a :class:`~trio_swe.models.ChatModel` (a real checkpoint's tokenizer and template), the
+server plays each scripted turn in the model's own format: a text-dialect script entry
+(reasoning, then one ```` ```bash ```` block) becomes an assistant message with that reasoning and
+a ``bash`` tool call, which the checkpoint's template renders exactly as the model would sample
+it (``<think>...</think>``, ``<tool_call>...</tool_call>``, the stop token); that text is
+encoded with the real tokenizer and returned as ids with log-probs. An entry without a block is
+played as plain text (an ill-formed turn for a tool-calling agent).
+
 Also served: ``POST /abort_request`` (cancels a pending generation with that ``rid``), ``GET
 /health`` and ``GET /get_model_info``.
 """
@@ -26,6 +34,8 @@ import trio
 
 from .._groups import open_private_nursery
 from ..agents import ByteTokenizer, Tokenizer
+from ..agents._bash_agent import parse_command
+from ..models import ChatModel, ParsedOutput, ToolCall
 
 __all__ = [
     "ScriptedCompletion",
@@ -56,10 +66,29 @@ def scripted_logprob(token_id: int, position: int) -> float:
 
 
 class ScriptedCompletion(msgspec.Struct, frozen=True):
-    """One scripted completion: its text and how long the "generation" takes."""
+    """One scripted completion: its text and how long the "generation" takes.
+
+    ``token_ids``, when set, are returned as they are instead of the encoded text (to play a
+    broken policy, e.g. ids outside the vocabulary).
+    """
 
     text: str
     delay_sec: float = 0.0
+    token_ids: tuple[int, ...] | None = None
+
+
+def model_format(model: ChatModel, text: str) -> str:
+    """A text-dialect script entry as ``model`` samples it: reasoning and a ``bash`` tool call
+    (or plain content when the entry has no command block), in the checkpoint's own template
+    format, stop token included."""
+    command = parse_command(text)
+    if command is None:
+        message = ParsedOutput(text=text, content=text).message()
+    else:
+        reasoning = text[: text.find("```")].strip()
+        call = ToolCall("bash", {"command": command})
+        message = ParsedOutput(text="", reasoning=reasoning, tool_calls=(call,)).message()
+    return model.assistant_text(message)
 
 
 class _GenerateRequest(msgspec.Struct):
@@ -80,7 +109,7 @@ class ScriptedPolicyServer:
         self,
         scripts: Mapping[str, Sequence[str | ScriptedCompletion]],
         *,
-        tokenizer: Tokenizer,
+        tokenizer: Tokenizer | ChatModel,
         turn_marker: str,
         key_pattern: str,
         fallback: str,
@@ -123,9 +152,19 @@ class ScriptedPolicyServer:
             self._stats["errors"] += 1
             return 400, msgspec.json.encode({"error": str(exc)})
         self._stats["generations"] += 1
-        prompt = self._tokenizer.decode(request.input_ids)
+        tok = self._tokenizer
+        size = tok.vocab_size if isinstance(tok, ChatModel) else getattr(tok, "vocab_size", None)
+        if size is not None and any(not 0 <= i < size for i in request.input_ids):
+            self._stats["errors"] += 1
+            return 400, msgspec.json.encode({"error": "input_ids outside the vocabulary"})
+        prompt = tok.decode(request.input_ids)
         completion = self.completion_for(prompt)
-        ids = self._tokenizer.encode(completion.text + END_OF_TURN, add_special_tokens=False)
+        if completion.token_ids is not None:
+            ids = list(completion.token_ids)
+        elif isinstance(tok, ChatModel):
+            ids = tok.encode(model_format(tok, completion.text))
+        else:
+            ids = tok.encode(completion.text + END_OF_TURN, add_special_tokens=False)
         finish = "stop"
         max_new = request.sampling_params.get("max_new_tokens")
         if isinstance(max_new, int) and 0 <= max_new < len(ids):
@@ -145,7 +184,7 @@ class ScriptedPolicyServer:
             ids, finish = [], "abort"
         logprobs = [[scripted_logprob(t, i), t, None] for i, t in enumerate(ids)]
         reply = {
-            "text": self._tokenizer.decode(ids),
+            "text": "" if completion.token_ids is not None else tok.decode(ids),
             "output_ids": ids,
             "meta_info": {
                 "id": rid,
@@ -233,8 +272,8 @@ async def _next_event(conn: h11.Connection, stream: trio.SocketStream) -> object
 async def open_scripted_policy_server(
     scripts: Mapping[str, Sequence[str | ScriptedCompletion]],
     *,
-    tokenizer: Tokenizer | None = None,
-    turn_marker: str = DEFAULT_TURN_MARKER,
+    tokenizer: Tokenizer | ChatModel | None = None,
+    turn_marker: str | None = None,
     key_pattern: str = DEFAULT_KEY_PATTERN,
     fallback: str = DEFAULT_FALLBACK,
 ) -> AsyncIterator[ScriptedPolicyServer]:
@@ -243,9 +282,11 @@ async def open_scripted_policy_server(
     Args:
         scripts: per key (an instance id), the completions of turns 0, 1, 2, ... as text or
             :class:`ScriptedCompletion` (with a delay).
-        tokenizer: how prompts are decoded and completions encoded (a :class:`ByteTokenizer` by
-            default, which is what the demo's bash agent uses).
-        turn_marker: the assistant header counted to find the turn number.
+        tokenizer: how prompts are decoded and completions encoded: a :class:`ByteTokenizer` by
+            default (the text dialect of the demo's bash agent), or a
+            :class:`~trio_swe.models.ChatModel` to play the scripts in that checkpoint's format.
+        turn_marker: the assistant header counted to find the turn number (default: the
+            model's generation prompt, or ChatML's ``<|im_start|>assistant\\n``).
         key_pattern: regex with one group finding the key in the decoded prompt.
         fallback: the completion after a script is exhausted or for an unknown key.
 
@@ -257,7 +298,9 @@ async def open_scripted_policy_server(
     server = ScriptedPolicyServer(
         scripts,
         tokenizer=tokenizer or ByteTokenizer(),
-        turn_marker=turn_marker,
+        turn_marker=turn_marker
+        or (tokenizer.generation_prompt if isinstance(tokenizer, ChatModel) else "")
+        or DEFAULT_TURN_MARKER,
         key_pattern=key_pattern,
         fallback=fallback,
     )

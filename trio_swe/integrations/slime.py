@@ -12,7 +12,8 @@ connection pools) is kept in a RunVar and closed by the last call out (:class:`_
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Mapping
+import os
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,11 +22,12 @@ import trio
 
 from .. import aio
 from .._close import aclose_quietly
-from .._errors import MetadataError
+from .._errors import ConfigError, MetadataError
 from ..agents import Agent, create_agent
 from ..config import BACKENDS, SweConfig
 from ..episode import EpisodeResult, run_episode
 from ..grading import get_metadata
+from ..models import load_tokenizer
 from ..sandbox import Backend
 
 __all__ = ["GENERATE_BACKENDS", "generate"]
@@ -48,11 +50,11 @@ class _RunShared:
 
     def __init__(self) -> None:
         self.users = 0
-        self.agents: dict[tuple[str, str], Agent] = {}
+        self.agents: dict[tuple[str, str, str, str], Agent] = {}
         self.e2b: Backend | None = None
 
     def agent(self, config: SweConfig, url: str) -> Agent:
-        key = (config.agent, url)
+        key = (config.agent, url, config.tokenizer, config.tool_parser)
         if key not in self.agents:
             self.agents[key] = create_agent(_with_policy_url(config, url))
         return self.agents[key]
@@ -105,8 +107,15 @@ def _policy_url(args: Any, config: SweConfig) -> str:
     return config.policy_url
 
 
+#: Abort reasons that are properties of the row, not passing failures: slime gets
+#: ``Status.FAILED`` for them (its fully-async mode requeues ``ABORTED`` samples, forever for a
+#: row that can never be graded).
+PERMANENT_ABORT_REASONS: frozenset[str] = frozenset({"unevaluable", "prompt_too_long", "metadata"})
+
+
 def _slime_abort(sample: Any, reason: str, instance_id: str) -> Any:
-    """slime's convention for a sample that must not be trained on."""
+    """slime's convention for a sample that must not be trained on: ``ABORTED``, or ``FAILED``
+    when the reason (the part before ``:``) is in :data:`PERMANENT_ABORT_REASONS`."""
     out = copy.copy(sample)
     out.tokens = [0, 0]
     out.response = ""
@@ -117,13 +126,36 @@ def _slime_abort(sample: Any, reason: str, instance_id: str) -> Any:
     out.remove_sample = True
     out.metadata = {**(getattr(sample, "metadata", None) or {}), "abort_reason": reason}
     out.metadata["instance_id"] = instance_id
-    _set_status(out, "aborted")
+    permanent = reason.split(":", 1)[0] in PERMANENT_ABORT_REASONS
+    _set_status(out, "failed" if permanent else "aborted")
     return out
 
 
 def _set_status(sample: Any, status: str) -> None:
     enum = getattr(type(sample), "Status", None)
+    if enum is not None and status == "failed" and not hasattr(enum, "FAILED"):
+        status = "aborted"  # a slime without Status.FAILED
     sample.status = getattr(enum, status.upper()) if enum is not None else status
+
+
+def _with_slime_args(config: SweConfig, args: Any) -> SweConfig:
+    """The trainer's own settings over the environment's: the tokenizer of
+    ``args.hf_checkpoint`` (the checkpoint being trained), and ``args.rollout_max_context_len``
+    as the context cap when ``SWE_MAX_CONTEXT_TOKENS`` is unset."""
+    changes: dict[str, Any] = {}
+    checkpoint = getattr(args, "hf_checkpoint", None)
+    if checkpoint:
+        changes["tokenizer"] = os.fspath(checkpoint)
+    max_len = getattr(args, "rollout_max_context_len", None)
+    if not config.max_context_tokens and isinstance(max_len, int) and max_len > 0:
+        changes["max_context_tokens"] = max_len
+    if not changes:
+        return config
+    if "tokenizer" in changes and not os.path.isdir(changes["tokenizer"]):
+        raise ConfigError(
+            f"args.hf_checkpoint {changes['tokenizer']!r} is not a checkpoint directory"
+        )
+    return msgspec.structs.replace(config, **changes)
 
 
 async def generate(
@@ -146,7 +178,7 @@ async def generate(
         ConfigError: ``SWE_BACKEND`` is not one of :data:`GENERATE_BACKENDS` (checked first, for
             every sample), another variable is malformed, or the E2B settings are incomplete.
     """
-    config = SweConfig.from_env()  # SWE_BACKEND is checked first
+    config = _with_slime_args(SweConfig.from_env(), args)  # SWE_BACKEND is checked first
     protocol = config.protocol_for(evaluation=evaluation)
     try:
         md = get_metadata(sample, protocol)
@@ -155,19 +187,25 @@ async def generate(
     url = _policy_url(args, config)
     session_id = getattr(sample, "session_id", None) or None
 
-    async def episode() -> EpisodeResult:
+    async def episode() -> tuple[EpisodeResult, Callable[[list[int]], str]]:
+        if config.tokenizer:
+            # The first call loads the checkpoint's tokenizer (about a second) off the loop;
+            # later ones find it in the process-wide cache.
+            await trio.to_thread.run_sync(load_tokenizer, config.tokenizer)
         async with _run_shared() as shared:
-            return await run_episode(
+            agent = shared.agent(config, url)
+            result = await run_episode(
                 md,
-                shared.agent(config, url),
+                agent,
                 backend=shared.backend(config.backend),
                 config=config,
                 episode_id=str(session_id) if session_id else None,
                 sampling_params=sampling_params,
                 build_samples=not evaluation,
             )
+            return result, _decoder(agent)
 
-    result = await aio.run(episode)
+    result, decode = await aio.run(episode)
     if result.status == "aborted":
         return [_slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)]
     extra = {
@@ -195,10 +233,25 @@ async def generate(
         meta = {**(getattr(sample, "metadata", None) or {}), **fields.pop("metadata"), **extra}
         for name, value in fields.items():
             setattr(out, name, value)
+        # The response region as text, by the tokenizer that made the ids (tool results
+        # included, as slime's multi-turn samples have it).
+        out.response = decode(fields["tokens"][len(fields["tokens"]) - fields["response_length"] :])
         out.metadata = meta
         _set_status(out, status)
         outs.append(out)
     return outs
+
+
+def _decoder(agent: Agent) -> Callable[[list[int]], str]:
+    tokenizer = getattr(agent, "tokenizer", None)
+    decode = getattr(tokenizer, "decode", None)
+    if decode is None:
+        return lambda ids: ""
+
+    def text(ids: list[int]) -> str:
+        return str(decode(ids))
+
+    return text
 
 
 def _with_policy_url(config: SweConfig, url: str) -> SweConfig:

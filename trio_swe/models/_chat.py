@@ -121,6 +121,7 @@ class ChatModel:
             raise TemplateError(f"tokenizer at {self.name!r} has no eos token (the turn's end)")
         self.stop_text: str = str(stop)
         self.stop_id: int = int(tokenizer.convert_tokens_to_ids(self.stop_text))
+        self._max_token_bytes = 0
         self._probe()
 
     @classmethod
@@ -180,6 +181,17 @@ class ChatModel:
             if not 0 <= i < size:
                 return int(i)
         return None
+
+    @property
+    def max_token_bytes(self) -> int:
+        """The longest token's UTF-8 length (an upper bound of the bytes one token covers), so
+        ``len(text.encode()) / max_token_bytes`` bounds the token count from below without
+        tokenizing ``text``. Computed once, on first use."""
+        if not self._max_token_bytes:
+            self._max_token_bytes = max(
+                (_token_bytes(s) for s in self.tokenizer.get_vocab()), default=1
+            )
+        return self._max_token_bytes
 
     def assistant_text(self, message: Message) -> str:
         """What the model samples for the assistant ``message``, stop token included: the
@@ -248,6 +260,12 @@ class ChatModel:
             )
         #: What the template puts after an assistant's content: the stop token and a trailer.
         self._suffix = suffix
+        user_only = self.render(head[1:])
+        prompt_only = self.render(head[1:], add_generation_prompt=True)
+        #: The text that opens an assistant turn (e.g. ``<|im_start|>assistant\n``).
+        self.generation_prompt: str = (
+            prompt_only[len(user_only) :] if prompt_only.startswith(user_only) else ""
+        )
         if not self.tools:
             return
         prompt = self.render(head, add_generation_prompt=True)
@@ -396,6 +414,22 @@ class TokenHistory:
         suffix = self.model._suffix
         pos = full.find(suffix, start)
         return -1 if pos < 0 else pos + len(suffix)
+
+
+# GPT-2's byte-level alphabet: byte-level BPE vocabularies (Qwen, Llama 3, GPT) spell each
+# byte as one of these 256 characters, so such a token covers exactly len(token) bytes.
+_BYTE_ALPHABET = frozenset(
+    [chr(c) for c in range(ord("!"), ord("~") + 1)]
+    + [chr(c) for c in range(ord("\xa1"), ord("\xac") + 1)]
+    + [chr(c) for c in range(ord("\xae"), ord("\xff") + 1)]
+    + [chr(256 + n) for n in range(68)]
+)
+
+
+def _token_bytes(token: str) -> int:
+    if all(ch in _BYTE_ALPHABET for ch in token):
+        return len(token)
+    return len(token.encode("utf-8"))
 
 
 def _first_difference(a: str, b: str) -> str:
