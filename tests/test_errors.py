@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 import trio_swe
-from trio_swe import _errors, agents, grading
+from trio_swe import _errors, agents, grading, models
 from trio_swe.episode import AbortReason
 
 #: The documented table (the _errors module docstring and docs/episodes.md).
@@ -21,6 +21,7 @@ TABLE = {
     "SetupFailedError": "setup_failed",
     "AgentInstallError": "agent_install_failed",
     "PolicyError": "policy_error",
+    "PromptTooLongError": "prompt_too_long",
     "PatchFailedError": "patch_failed",
     "EvalInfrastructureError": "eval_infrastructure",
     "TrioSweError": "internal_error",
@@ -31,6 +32,8 @@ TABLE = {
     "SpecBuildError": "internal_error",
     "SampleDecodeError": "internal_error",
     "SandboxFileNotFoundError": "internal_error",
+    "TemplateError": "internal_error",
+    "NotAppendOnlyError": "internal_error",
 }
 
 
@@ -60,6 +63,10 @@ def test_every_error_is_rooted_and_carries_its_abort_reason() -> None:
         (trio_swe, "PolicyError"),
         (trio_swe, "AgentInstallError"),
         (trio_swe, "SetupFailedError"),
+        (trio_swe, "PromptTooLongError"),
+        (agents, "PromptTooLongError"),
+        (models, "TemplateError"),
+        (models, "NotAppendOnlyError"),
     ],
 )
 def test_errors_exported_elsewhere_are_the_ones_from_errors(module: object, name: str) -> None:

@@ -40,6 +40,7 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "MetadataError",
+    "NotAppendOnlyError",
     "PatchFailedError",
     "PolicyError",
     "PromptTooLongError",
@@ -51,6 +52,7 @@ __all__ = [
     "SandboxUnreachableError",
     "SetupFailedError",
     "SpecBuildError",
+    "TemplateError",
     "TrioSweError",
 ]
 
@@ -201,6 +203,18 @@ class SpecBuildError(TrioSweError):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+class TemplateError(ConfigError):
+    """A checkpoint's chat template cannot be used as trio_swe needs it (it drops the tools,
+    its tool calls do not parse back, an assistant turn has no stable end): at start-up."""
+
+
+class NotAppendOnlyError(TrioSweError):
+    """Appending these messages would change tokens already in a token history (the template
+    re-renders earlier turns, e.g. Qwen3 drops their reasoning once a user message follows).
+    The caller forks (:meth:`trio_swe.models.TokenHistory.fork`): a new history from the whole
+    conversation, instead of pretending the old tokens are still the prompt."""
 
 
 class SampleDecodeError(TrioSweError, ValueError):

@@ -33,7 +33,8 @@ Parsers (:func:`get_tool_parser`, ``SWE_TOOL_PARSER``, :func:`register_tool_pars
 ``"auto"`` infers one from the template (:func:`infer_tool_parser`).
 """
 
-from ._chat import ChatModel, HistoryStatistics, NotAppendOnlyError, TemplateError, TokenHistory
+from .._errors import NotAppendOnlyError, TemplateError
+from ._chat import ChatModel, HistoryStatistics, TokenHistory
 from ._load import TOKENIZER_FILES, clear_tokenizer_cache, load_tokenizer
 from ._parsers import (
     HermesToolParser,

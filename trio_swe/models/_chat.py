@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from .._errors import ConfigError, InvalidArgumentError, TrioSweError
+from .._errors import InvalidArgumentError, NotAppendOnlyError, TemplateError
 from ._load import load_tokenizer
 from ._parsers import (
     ParsedOutput,
@@ -27,7 +27,7 @@ from ._parsers import (
     validate_tool_calls,
 )
 
-__all__ = ["ChatModel", "HistoryStatistics", "NotAppendOnlyError", "TemplateError", "TokenHistory"]
+__all__ = ["ChatModel", "HistoryStatistics", "TokenHistory"]
 
 Message = Mapping[str, Any]
 
@@ -37,17 +37,6 @@ _PROBE_USER = "U"
 _PROBE_REPLY = "PROBE-REPLY-7f3a"
 _PROBE_TOOL_OUTPUT = "PROBE-RESULT-91c2"
 _PROBE_ARG = "echo probe-5d1e"
-
-
-class TemplateError(ConfigError):
-    """The chat template cannot be used as trio_swe needs it (no tools, no stable turn end)."""
-
-
-class NotAppendOnlyError(TrioSweError):
-    """Appending these messages would change tokens already in the history (the template
-    re-renders earlier turns, e.g. Qwen3 drops their reasoning once a user message follows).
-    The caller forks: it starts a new history from the whole conversation
-    (:meth:`TokenHistory.fork`), instead of pretending the old tokens are still the prompt."""
 
 
 class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
