@@ -8,7 +8,9 @@ backend the host root is read-only, so:
 * ``/opt/miniconda3/bin/activate`` is a small script defining a ``conda`` function whose
   ``activate`` / ``deactivate`` succeed (other subcommands fail loudly);
 * the Python environment you name (default: the running interpreter's) is first on ``PATH``
-  and bound at ``/opt/miniconda3/envs/testbed/bin``;
+  and bound at ``/opt/miniconda3/envs/testbed`` (a virtualenv whole: its ``pyvenv.cfg`` and
+  ``lib/`` come with its ``bin``, else ``python`` there would run as the bare base interpreter;
+  a plain interpreter directory is bound at ``.../envs/testbed/bin``);
 * the activation puts the repository (``/testbed``, and ``/testbed/src`` when present) first on
   ``PYTHONPATH``, which is what the image's editable install provides; the in-script re-install
   then fails fast (``PIP_NO_INDEX``, read-only environment) without affecting the result,
@@ -27,8 +29,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Final
 
+from ..sandbox.local._backend import venv_root
+
 ACTIVATE_PATH: Final = "/opt/miniconda3/bin/activate"
-ENV_BIN_PATH: Final = "/opt/miniconda3/envs/testbed/bin"
+ENV_PATH: Final = "/opt/miniconda3/envs/testbed"
+ENV_BIN_PATH: Final = f"{ENV_PATH}/bin"
 
 _ACTIVATE = """\
 # trio_swe shim for SWE-bench's /opt/miniconda3/bin/activate (local backend).
@@ -69,17 +74,21 @@ def local_backend_shims(python_bin_dir: str | os.PathLike[str] | None = None) ->
 
     Args:
         python_bin_dir: the ``bin`` directory of the Python environment that has the
-            repository's test dependencies (pytest...). Default: the running interpreter's.
+            repository's test dependencies (pytest...), a virtualenv's or an interpreter's.
+            Default: the running interpreter's. The backend shows a virtualenv whole (root,
+            ``pyvenv.cfg``, ``lib/``), wherever it lives (``/tmp`` and ``/root`` included).
 
     Returns:
         ``{"ro_binds": ..., "extra_path": ..., "env": ...}``; use as
         ``LocalBackend(**local_backend_shims())``.
     """
-    bin_dir = str(python_bin_dir or os.path.dirname(sys.executable))
+    bin_dir = os.path.abspath(python_bin_dir or os.path.dirname(sys.executable))
     shim = _shim_dir() / "activate"
     _write_once(shim, _ACTIVATE)
+    root = venv_root(bin_dir)
+    env_bind = {ENV_PATH: root} if root is not None else {ENV_BIN_PATH: bin_dir}
     return {
-        "ro_binds": {ACTIVATE_PATH: str(shim), ENV_BIN_PATH: bin_dir},
+        "ro_binds": {ACTIVATE_PATH: str(shim), **env_bind},
         "extra_path": [bin_dir],
         "env": {"GIT_CONFIG_GLOBAL": "/tmp/.trio_swe_gitconfig"},
     }

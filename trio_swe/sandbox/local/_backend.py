@@ -50,6 +50,16 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def venv_root(bin_dir: str) -> str | None:
+    """The root of the virtualenv whose ``bin`` is ``bin_dir`` (it has ``pyvenv.cfg``), or None.
+
+    A venv is its whole root: ``python`` finds ``pyvenv.cfg`` beside its ``bin`` and its packages
+    in ``lib/``. Without them it runs as the bare base interpreter.
+    """
+    root = os.path.dirname(os.path.abspath(bin_dir))
+    return root if os.path.isfile(os.path.join(root, "pyvenv.cfg")) else None
+
+
 def _venv_base(bin_dir: str) -> str | None:
     """The base interpreter's prefix of the virtualenv whose ``bin`` is ``bin_dir``, if it is one.
 
@@ -95,9 +105,10 @@ class LocalBackend(trio.abc.AsyncResource):
         extra_path: host directories put first on every command's ``PATH`` (e.g. a venv's bin).
         host_paths: host paths to show (read-only) at the same place even where the sandbox
             has its own directory (under ``/tmp`` or ``/root``, e.g. ``/root/.cargo``); entries
-            of ``extra_path``, the base interpreters of virtualenvs among them, and the running
-            interpreter (``sys.prefix``, ``sys.base_prefix``) are shown this way too. Each costs
-            one mount per boot. ``"/root"`` itself shows the host's ``/root`` instead of a
+            of ``extra_path`` (for a virtualenv's ``bin``: the whole virtualenv, with its
+            ``pyvenv.cfg`` and ``lib/``), the base interpreters of virtualenvs among them, and
+            the running interpreter (``sys.prefix``, ``sys.base_prefix``) are shown this way
+            too. Each costs one mount per boot. ``"/root"`` itself shows the host's ``/root`` instead of a
             private one (read-only).
         env: environment of every command in every sandbox of this backend.
         max_concurrent_boots: boots in flight at once; more wait their turn. The kernel
@@ -135,6 +146,8 @@ class LocalBackend(trio.abc.AsyncResource):
         shown = {*self._extra_path, *(os.path.abspath(p) for p in host_paths)}
         shown |= {sys.prefix, sys.base_prefix}
         shown |= {base for d in self._extra_path if (base := _venv_base(d)) is not None}
+        # A venv's bin alone would run as the bare base interpreter: show the venv whole.
+        shown |= {root for d in self._extra_path if (root := venv_root(d)) is not None}
         # Only paths under a private directory need a mount; the rest of the host root is
         # visible already. Each costs one mount per boot, so nested ones are shown once.
         self._host_binds = _outermost(
