@@ -137,7 +137,11 @@ class LocalBackend(trio.abc.AsyncResource):
     ) -> None:
         self._boot_limiter = trio.CapacityLimiter(max_concurrent_boots)
         self._boot_timeout = boot_timeout_sec
-        self._root = Path(state_dir) if state_dir is not None else _default_state_root()
+        # Absolute: mount options and bind sources must not depend on the working directory
+        # (a relative overlay lowerdir fails as "special device overlay does not exist").
+        self._root = (
+            Path(os.path.abspath(state_dir)) if state_dir is not None else _default_state_root()
+        )
         self._workspace: WorkspaceMode = workspace
         self._ro_binds = {
             check_abs_path(k, what="ro_binds target"): str(v) for k, v in (ro_binds or {}).items()
@@ -271,7 +275,13 @@ class LocalBackend(trio.abc.AsyncResource):
                 )
             finally:
                 os.close(info_w)
-            init_pid = await _read_child_pid(info_r, bwrap, self._boot_timeout)
+            mounted = (
+                f" (overlay mount of image {spec.image!r}: lowerdir={lower}, "
+                f"upperdir={state / 'upper'}, workdir={state / 'work'}, on {state / 'merged'})"
+                if use_overlay
+                else ""
+            )
+            init_pid = await _read_child_pid(info_r, bwrap, self._boot_timeout, mounted)
             sandbox = LocalSandbox(
                 sandbox_id=sid,
                 workdir=workdir,
@@ -398,8 +408,13 @@ class LocalBackend(trio.abc.AsyncResource):
         return argv, {"root": ROOT, agent.name: agent}, base_env
 
 
-async def _read_child_pid(fd: int, bwrap: trio.Process, timeout_sec: float) -> int:
-    """Read bwrap's ``--info-fd`` JSON ({"child-pid": N}); fail with its stderr if it died."""
+async def _read_child_pid(
+    fd: int, bwrap: trio.Process, timeout_sec: float, mounted: str = ""
+) -> int:
+    """Read bwrap's ``--info-fd`` JSON ({"child-pid": N}); fail with its stderr if it died.
+
+    ``mounted`` describes the overlay mount made before bwrap, named when that mount failed.
+    """
     stream = trio.lowlevel.FdStream(fd)
     data = b""
     deadline = trio.current_time() + timeout_sec
@@ -435,6 +450,7 @@ async def _read_child_pid(fd: int, bwrap: trio.Process, timeout_sec: float) -> i
                     err += bytes(piece)
         if trio.current_time() >= deadline:
             raise SandboxBootError(f"the sandbox was not ready within {timeout_sec:g} s") from None
-        raise SandboxBootError(
-            f"bubblewrap failed to start the sandbox: {err.decode(errors='replace').strip() or 'no output'}"
-        ) from None
+        text = err.decode(errors="replace").strip() or "no output"
+        if mounted and text.startswith("mount:"):
+            raise SandboxBootError(f"the workspace could not be mounted: {text}{mounted}") from None
+        raise SandboxBootError(f"bubblewrap failed to start the sandbox: {text}") from None
