@@ -10,9 +10,6 @@ run as the bare base interpreter, it has neither.
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
-import sysconfig
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,33 +21,9 @@ from trio_swe.grading import evaluability_check, get_metadata, local_backend_shi
 from trio_swe.sandbox.local import LocalBackend
 
 from ._calc import CalcRepo, build_calc_repo
+from ._venvs import make_venv
 
 _FAST_PYTEST = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-
-
-def make_venv(root: Path) -> tuple[Path, str]:
-    """A real venv at ``root`` with its own module; returns (bin dir, module name)."""
-    base = getattr(sys, "_base_executable", sys.executable)
-    subprocess.run(
-        [base, "-m", "venv", "--without-pip", "--system-site-packages", str(root)],
-        check=True,
-        capture_output=True,
-    )
-    ver = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    site = root / "lib" / ver / "site-packages"
-    assert site.is_dir(), list(root.rglob("site-packages"))
-    module = f"trio_swe_venv_probe_{uuid.uuid4().hex[:8]}"
-    (site / f"{module}.py").write_text("WHERE = __file__\n")
-    # The test environment's packages (pytest), reachable only through the venv's lib/.
-    (site / "test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    # The console script pip would write: its shebang names the venv's python.
-    script = root / "bin" / "pytest"
-    script.write_text(
-        f"#!{root}/bin/python\nimport sys\nfrom pytest import console_main\n"
-        "sys.exit(console_main())\n"
-    )
-    script.chmod(0o755)
-    return root / "bin", module
 
 
 @pytest.fixture(scope="module")

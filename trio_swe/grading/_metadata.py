@@ -308,6 +308,8 @@ def scaleswe_metadata(row: Mapping[str, Any], protocol: str = "scaleswe") -> Ins
         f2p_script=_opt_str(src, "f2p_script"),
         pre_commands=_pre_commands(*src.find("pre_commands")),
         pass_to_pass=_str_list(*src.find("PASS_TO_PASS")) if swepro is None else (),
+        fail_to_pass=_str_list(*src.find("FAIL_TO_PASS")) if swepro is None else (),
+        log_parser=_opt_str(src, "log_parser"),
     )
     looks_swebench = grading.grader is None and src.has_any("test_patch", "eval_script")
     img, img_field = src.find("image", "image_url", "docker_image")

@@ -20,6 +20,9 @@ UNEVALUABLE: Final = "unevaluable"
 LOG_UNGRADABLE: Final = "log_ungradable"
 #: Setup in the eval sandbox (pre_commands, before_repo_set_cmd, grader assets) failed.
 SETUP_FAILED: Final = "setup_failed"
+#: The environment cannot run the row's tests (none of them ran, with the patch or without it):
+#: an infrastructure outcome, never a reward of 0 to train on.
+EVAL_INFRASTRUCTURE: Final = "eval_infrastructure"
 
 #: Bytes of log kept in :attr:`EvalResult.log_tail`.
 LOG_TAIL_CHARS: Final = 4000
@@ -39,7 +42,8 @@ class EvalResult(msgspec.Struct, frozen=True, kw_only=True):
         applied_cleanly: the patch applied (an empty patch counts as applied).
         reason: ``resolved``, ``tests_failed``, ``patch_apply_failed``, ``patch_refused``
             (the patch writes into ``.git/`` or outside the work tree), ``tests_timeout``,
-            ``no_grader``, ``log_ungradable``, ``setup_failed`` or ``unevaluable``.
+            ``no_grader``, ``log_ungradable``, ``setup_failed``, ``eval_infrastructure`` or
+            ``unevaluable``.
         protocol: the protocol that graded.
         instance_id: the graded instance.
         grader: which grader ran (``swebench``, ``swepro``, ``eval_cmd``, ``f2p_script``).
@@ -54,8 +58,8 @@ class EvalResult(msgspec.Struct, frozen=True, kw_only=True):
         p2p_total: pass-to-pass tests graded, when known.
         test_exit_code: the test command's exit status, when known (-1: time budget).
         log_tail: the last characters of the test log.
-        durations: seconds per phase (``boot``, ``setup``, ``apply``, ``tests``, ``parse``,
-            ``total``).
+        durations: seconds per phase (``spec``, ``boot``, ``setup``, ``apply``, ``tests``,
+            ``parse``, ``control``, ``total``).
     """
 
     reward: float

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Final
 
@@ -21,7 +21,15 @@ from ._patch import (
     refused_paths,
     touched_paths,
 )
-from ._result import LOG_TAIL_CHARS, TESTS_TIMEOUT, EvalResult, log_tail
+from ._result import (
+    EVAL_INFRASTRUCTURE,
+    LOG_TAIL_CHARS,
+    LOG_UNGRADABLE,
+    TESTS_FAILED,
+    TESTS_TIMEOUT,
+    EvalResult,
+    log_tail,
+)
 from ._types import InstanceMetadata
 
 #: Scratch directory of the grader inside the eval sandbox (outside the repository).
@@ -59,6 +67,79 @@ class Phases:
 
     def total(self) -> dict[str, float]:
         return {**self.durations, "total": time.monotonic() - self._t0}
+
+
+#: Exit statuses of a shell that could not find or run the command (not the tests' verdict).
+_NOT_RUN_EXIT_CODES: Final = frozenset({126, 127})
+
+
+def tests_did_not_run(result: EvalResult, graded_tests: Sequence[str]) -> bool:
+    """Does ``result`` look like the environment could not run the tests at all?
+
+    With the row's tests known: none of them appears in the parsed log with any status (a
+    missing interpreter or test runner, a collection error that hits every test, a suite that
+    never started). Without them (an exit-code grader): the shell could not run the command.
+    Only failures are suspect; a result already marked as infrastructure stays as it is.
+    """
+    if result.resolved or result.infra_failure:
+        return False
+    if result.reason not in (TESTS_FAILED, LOG_UNGRADABLE):
+        return False
+    if graded_tests:
+        return not any(_appears(t, result.tests_status) for t in graded_tests)
+    return result.test_exit_code in _NOT_RUN_EXIT_CODES
+
+
+def _appears(test: str, status: Mapping[str, str]) -> bool:
+    """``test`` has a status, exactly or as a prefix (rows carry truncated parametrized ids)."""
+    if test in status:
+        return True
+    stem = test.strip()
+    return bool(stem) and any(k.startswith(stem) for k in status)
+
+
+async def confirm_environment(
+    result: EvalResult,
+    patch: str | bytes,
+    graded_tests: Sequence[str],
+    control: Callable[[], Awaitable[EvalResult]],
+) -> EvalResult:
+    """Turn a failure caused by the environment into ``eval_infrastructure``.
+
+    When the tests did not run with ``patch`` (:func:`tests_did_not_run`), the same grading
+    runs once more without it (``control``, a fresh sandbox): if the tests do not run then
+    either, the environment cannot run them and the outcome says nothing about the patch. If
+    they do, the patch broke them (e.g. a syntax error every test imports), and the reward of 0
+    stands. A gold patch therefore never scores 0 because of the environment.
+    """
+    if not tests_did_not_run(result, graded_tests):
+        return result
+    durations = dict(result.durations)
+    if is_empty_patch(patch):
+        base = result  # the run itself was the control
+    else:
+        t = time.monotonic()
+        base = await control()
+        durations["control"] = spent = time.monotonic() - t
+        durations["total"] = durations.get("total", 0.0) + spent
+    if not tests_did_not_run(base, graded_tests):
+        return msgspec.structs.replace(result, durations=durations)
+    if graded_tests:
+        why = (
+            f"none of the row's {len(graded_tests)} graded tests ran (no status in the test "
+            "log), with the patch and without it"
+        )
+    else:
+        why = f"the test command could not run (exit status {result.test_exit_code})"
+    return msgspec.structs.replace(
+        result,
+        reason=EVAL_INFRASTRUCTURE,
+        infra_failure=True,
+        reward=0.0,
+        resolved=False,
+        detail=f"{why}: the environment cannot run the tests ({result.reason}: {result.detail})",
+        durations=durations,
+    )
 
 
 async def timed(evaluate: Callable[[Phases], Awaitable[EvalResult]]) -> EvalResult:

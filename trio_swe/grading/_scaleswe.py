@@ -19,6 +19,7 @@ import trio
 
 from ..sandbox import Backend, Sandbox
 from . import _result as R
+from . import _swebench_api
 from ._metadata import scaleswe_metadata
 from ._patch import patch_bytes
 from ._result import EvalResult
@@ -29,6 +30,7 @@ from ._run import (
     SETUP_BUDGET_SEC,
     Phases,
     apply_patch,
+    confirm_environment,
     make_result,
     not_applied_result,
     open_eval_sandbox,
@@ -37,6 +39,7 @@ from ._run import (
     timed,
     timeout_result,
 )
+from ._testlog import parse_pytest_summary, split_counts
 from ._types import InstanceMetadata, ScaleSweGrading, SweProSpec
 
 #: Where Scale-SWE's F2P ids expect the script (``test_fail_to_pass.py::test_x``).
@@ -83,13 +86,22 @@ class ScaleSweProtocol:
             ):
                 if inline is None and not (path and os.path.isfile(path)):
                     return f"swepro_{what}_missing:{path}"
+        elif g.eval_cmd and g.log_parser:
+            return _swebench_api.has_parser(g.log_parser)
         return None
 
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
     ) -> EvalResult:
         data = patch_bytes(patch)
-        return await timed(lambda phases: self._evaluate(backend, md, data, timeout_sec, phases))
+
+        async def grade(p: bytes) -> EvalResult:
+            return await timed(lambda phases: self._evaluate(backend, md, p, timeout_sec, phases))
+
+        result = await grade(data)
+        g = md.grading
+        graded = _graded_tests(g) if isinstance(g, ScaleSweGrading) else ()
+        return await confirm_environment(result, data, graded, lambda: grade(b""))
 
     async def _evaluate(
         self,
@@ -155,7 +167,7 @@ class ScaleSweProtocol:
             if g.eval_cmd:
                 script = f"cd {shlex.quote(md.workdir)} || exit 97\n{g.eval_cmd}\n"
                 return await _grade_exit_code(
-                    sb, md, phases, outcome.rung, "eval_cmd", script, timeout_sec
+                    sb, md, phases, outcome.rung, "eval_cmd", script, timeout_sec, g
                 )
             assert g.f2p_script is not None
             await sb.write_file(f"{md.workdir}/{F2P_FILE}", g.f2p_script, user="root")
@@ -168,7 +180,7 @@ class ScaleSweProtocol:
                 run = f"python {F2P_FILE}"
             script = f"cd {shlex.quote(md.workdir)} || exit 97\n{run}\n"
             return await _grade_exit_code(
-                sb, md, phases, outcome.rung, "f2p_script", script, timeout_sec
+                sb, md, phases, outcome.rung, "f2p_script", script, timeout_sec, g
             )
 
 
@@ -251,8 +263,13 @@ async def _grade_exit_code(
     grader: str,
     script: str,
     timeout_sec: float,
+    g: ScaleSweGrading,
 ) -> EvalResult:
-    """``eval_cmd`` / ``f2p_script``: exit status 0 means solved."""
+    """``eval_cmd`` / ``f2p_script``: exit status 0 means solved.
+
+    The log is parsed for per-test statuses (the row's swebench parser, else pytest's ``-rA``
+    summary), which give the F2P/P2P split; the verdict stays the exit status.
+    """
     path, log_path = f"{EVAL_DIR}/{grader}.sh", f"{EVAL_DIR}/{grader}.log"
     with phases.phase("tests"):
         await sb.write_file(path, script, user="root")
@@ -271,6 +288,11 @@ async def _grade_exit_code(
             log=log,
             exit_code=r.exit_code,
         )
+    with phases.phase("parse"):
+        status = await trio.to_thread.run_sync(_parse_test_log, g, grader, log)
+    f2p: tuple[str, ...] = g.fail_to_pass
+    if grader == "f2p_script" and not f2p:
+        f2p = tuple(t for t in status if t.startswith(f"{F2P_FILE}::"))
     solved = r.exit_code == 0
     return make_result(
         md,
@@ -282,7 +304,27 @@ async def _grade_exit_code(
         detail="" if solved else f"{grader} exited with status {r.exit_code}",
         log=log,
         exit_code=r.exit_code,
+        tests_status=status,
+        f2p=split_counts(status, f2p),
+        p2p=split_counts(status, g.pass_to_pass),
     )
+
+
+def _parse_test_log(g: ScaleSweGrading, grader: str, log: str) -> dict[str, str]:
+    if grader == "eval_cmd" and g.log_parser:
+        return _swebench_api.parse_log(g.log_parser, log)
+    return parse_pytest_summary(log)
+
+
+def _graded_tests(g: ScaleSweGrading) -> tuple[str, ...]:
+    """The tests whose absence from the log means the environment ran none (see _run)."""
+    if g.swepro is not None:
+        return (*g.swepro.fail_to_pass, *g.swepro.pass_to_pass)
+    if g.eval_cmd:
+        return (*g.fail_to_pass, *g.pass_to_pass)
+    if g.f2p_script and _PYTEST_TESTS.search(g.f2p_script):
+        return (*(g.fail_to_pass or (f"{F2P_FILE}::",)), *g.pass_to_pass)
+    return ()
 
 
 async def _grade_swepro(
@@ -302,6 +344,9 @@ async def _grade_swepro(
     with phases.phase("tests"):
         r = await run_long(sb, cmd, budget_sec=timeout_sec, env=PLAIN_ENV)
     stdout = await read_text(sb, out)
+    stderr = await read_text(sb, err)
+    if stderr:
+        stdout += f"\n--- run_script.sh stderr ---\n{stderr}"
     if r.reason == "time_budget":
         return timeout_result(
             md,

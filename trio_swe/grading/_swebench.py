@@ -19,6 +19,7 @@ from ._run import (
     PLAIN_ENV,
     Phases,
     apply_patch,
+    confirm_environment,
     make_result,
     not_applied_result,
     open_eval_sandbox,
@@ -66,7 +67,14 @@ class SweBenchProtocol:
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
     ) -> EvalResult:
         data = patch_bytes(patch)
-        return await timed(lambda phases: self._evaluate(backend, md, data, timeout_sec, phases))
+
+        async def grade(p: bytes) -> EvalResult:
+            return await timed(lambda phases: self._evaluate(backend, md, p, timeout_sec, phases))
+
+        result = await grade(data)
+        g = md.grading
+        graded = (*g.fail_to_pass, *g.pass_to_pass) if isinstance(g, SweBenchGrading) else ()
+        return await confirm_environment(result, data, graded, lambda: grade(b""))
 
     async def _evaluate(
         self,

@@ -38,13 +38,14 @@ class _Api:
     get_eval_report: Any
     get_logs_eval: Any
     make_test_spec: Any
-    parsers: Any = None  # 5.x: PARSER_REGISTRY (name -> parser)
+    parsers: Any = None  # parser name -> function (5.x: PARSER_REGISTRY)
     # 4.x only
     test_spec_cls: Any = None
     make_eval_script_list: Any = None
     specs: Any = None
     repo_to_ext: Any = None
     repo_to_parser: Any = None
+    fail_only_repos: frozenset[str] = frozenset()
 
 
 _lock = threading.Lock()
@@ -74,13 +75,21 @@ def _load() -> _Api:
     scripts = importlib.import_module("swebench.harness.test_spec.create_scripts")
     constants = importlib.import_module("swebench.harness.constants")
     parsers = importlib.import_module("swebench.harness.log_parsers")
+    # 4.x has no registry by name: its parsers live in per-language modules.
+    named: dict[str, Any] = {}
+    for lang in ("c", "go", "java", "javascript", "php", "python", "ruby", "rust"):
+        with contextlib.suppress(ImportError):
+            mod = importlib.import_module(f"swebench.harness.log_parsers.{lang}")
+            named.update({n: getattr(mod, n) for n in dir(mod) if n.startswith("parse_log_")})
     return _Api(
         version=version,
         major=4,
         get_eval_report=grading.get_eval_report,
         get_logs_eval=grading.get_logs_eval,
         make_test_spec=ts4.make_test_spec,
+        parsers=named,
         test_spec_cls=ts4.TestSpec,
+        fail_only_repos=frozenset(getattr(constants, "FAIL_ONLY_REPOS", ())),
         make_eval_script_list=scripts.make_eval_script_list,
         specs=constants.MAP_REPO_VERSION_TO_SPECS,
         repo_to_ext=constants.MAP_REPO_TO_EXT,
@@ -240,3 +249,31 @@ def grade_log(test_spec: Any, instance_id: str, patch: str, log_text: str) -> Lo
         infra_reason=info.get("infra_failure_reason"),
         report=info,
     )
+
+
+def parse_log(parser_name: str, log_text: str) -> dict[str, str]:
+    """Test id -> status from swebench's parser ``parser_name`` (for logs of other graders).
+
+    Raises:
+        SpecBuildError: swebench missing or without that parser.
+    """
+    api = get_api()
+    if api is None:
+        raise SpecBuildError("swebench_import_failed", _error or "")
+    parser = api.parsers.get(parser_name)
+    if parser is None:
+        raise SpecBuildError(
+            "unknown_log_parser", f"swebench {api.version} has no parser {parser_name!r}"
+        )
+    status = parser(log_text, None)  # the Python parsers ignore the TestSpec
+    return {str(k): str(getattr(v, "value", v)) for k, v in dict(status).items()}
+
+
+def has_parser(parser_name: str) -> str | None:
+    """None if swebench can parse with ``parser_name``, else the reason (naming the fix)."""
+    api = get_api()
+    if api is None:
+        return f"swebench_import_failed:{_error or ''}"
+    if parser_name not in api.parsers:
+        return f"unknown_log_parser:swebench {api.version} has no parser {parser_name!r}"
+    return None

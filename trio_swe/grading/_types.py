@@ -46,6 +46,10 @@ class ScaleSweGrading(msgspec.Struct, frozen=True, kw_only=True, tag="scaleswe")
         pre_commands: shell lines run before the patch is applied.
         pass_to_pass: pytest ids that must keep passing (Scale-SWE's ``PASS_TO_PASS``); run
             together with the f2p script.
+        fail_to_pass: the row's ``FAIL_TO_PASS`` ids, when it lists them: they give results an
+            F2P/P2P split and tell an environment that ran no test from a failing patch.
+        log_parser: a swebench parser name (``parse_log_pytest``...) for the ``eval_cmd`` log;
+            without one, pytest's ``-rA`` summary lines are read.
     """
 
     swepro: SweProSpec | None = None
@@ -53,6 +57,8 @@ class ScaleSweGrading(msgspec.Struct, frozen=True, kw_only=True, tag="scaleswe")
     f2p_script: str | None = None
     pre_commands: tuple[str, ...] = ()
     pass_to_pass: tuple[str, ...] = ()
+    fail_to_pass: tuple[str, ...] = ()
+    log_parser: str | None = None
 
     @property
     def grader(self) -> str | None:
