@@ -29,6 +29,7 @@ from typing import Any
 import trio
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -261,8 +262,10 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             r.instance_id for r in writer.previous if r.status != "aborted"
         )
         mds: list[InstanceMetadata] = []
+        rows: list[dict[str, Any]] = []
         unreadable = 0
         for lineno, row in _read_rows(Path(args.instances)):
+            rows.append(row)
             try:
                 md = get_metadata(row, protocol)
             except MetadataError as exc:
@@ -273,6 +276,8 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                 finished[md.instance_id] -= 1
                 continue
             mds.append(md)
+        # Before anything boots: can this install grade these rows (e.g. the swebench version)?
+        config.check_rows(rows)
         if args.limit is not None:
             mds = mds[: args.limit]
         skipped = sum(1 for r in writer.previous if r.status != "aborted")
@@ -474,7 +479,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         error = _only(exc, TrioSweError)
         if error is not None:
-            console.print(f"[red]error: {error}")
+            console.print(f"[red]error: {escape(str(error))}")  # `[swebench]` is not markup
             return 2
         raise
 

@@ -41,7 +41,8 @@ variable                       meaning                                          
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import msgspec
 
@@ -167,9 +168,29 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
         for name in {self.train_protocol, self.eval_protocol}:
             require_protocol(name)
 
+    def check_rows(self, rows: Iterable[Any]) -> None:
+        """Check that this install can grade rows shaped like ``rows`` under both protocols.
+
+        E.g. classic SWE-bench rows with swebench 5.x installed (it builds no eval script for
+        them) fail here, naming the row and the ``pip install`` that fixes it, instead of every
+        episode ending ``unevaluable``. One row of each shape is checked.
+
+        Raises:
+            ConfigError: naming the row, the reason and the fix.
+        """
+        from .grading import check_rows
+
+        sample = list(rows)
+        for name in dict.fromkeys((self.train_protocol, self.eval_protocol)):
+            check_rows(sample, name)
+
     @classmethod
     def from_env(
-        cls, environ: Mapping[str, str] | None = None, *, check_protocols: bool = True
+        cls,
+        environ: Mapping[str, str] | None = None,
+        *,
+        check_protocols: bool = True,
+        rows: Iterable[Any] | None = None,
     ) -> SweConfig:
         """Read the configuration from the environment (or ``environ``).
 
@@ -178,6 +199,8 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
         Args:
             environ: the variables to read; ``os.environ`` by default.
             check_protocols: also check that both protocols are usable now.
+            rows: dataset rows to be run (e.g. the first few): also check that this install can
+                grade their shapes (:meth:`check_rows`), when ``check_protocols``.
 
         Raises:
             ConfigError: a variable is malformed or out of range (the message names it), or a
@@ -201,6 +224,8 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
             raise ConfigError(f"{var}: {exc}") from None
         if check_protocols:
             config.validate_protocols()
+            if rows is not None:
+                config.check_rows(rows)
         return config
 
 

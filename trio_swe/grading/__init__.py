@@ -6,10 +6,10 @@ over from the agent's sandbox. See ``docs/grading.md`` for the row shapes and pr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .._errors import MetadataError
+from .._errors import ConfigError, MetadataError
 from ._patch import patch_bytes
 from ._registry import (
     GradingProtocol,
@@ -85,6 +85,39 @@ async def run_evaluation(
     )
 
 
+def check_rows(rows: Iterable[Mapping[str, Any] | Any], protocol: str) -> None:
+    """Fail fast if this install cannot grade rows of the shapes in ``rows`` (start-up check).
+
+    One row of each shape (classic SWE-bench, 5.x with ``eval_script``, other) is checked with
+    :func:`evaluability_check`; a reason that installing another swebench fixes (swebench
+    missing, a classic row on swebench 5.x, a 5.x row whose parser swebench 4.x lacks) raises.
+    Other reasons are per-row outcomes (``unevaluable``) and are left to the episodes; rows that
+    cannot be read are skipped here.
+
+    Raises:
+        ConfigError: naming the row, what is wrong and the command that fixes it.
+    """
+    from ._swebench_api import VERSION_REASONS
+
+    seen: set[str] = set()
+    for row in rows:
+        try:
+            md = get_metadata(row, protocol)
+        except MetadataError:
+            continue
+        g = md.grading
+        shape = ("v5" if g.is_v5_row else "classic") if isinstance(g, SweBenchGrading) else "other"
+        if shape in seen:
+            continue
+        seen.add(shape)
+        reason = evaluability_check(md)
+        if reason is not None and reason.startswith(VERSION_REASONS):
+            raise ConfigError(
+                f"grading protocol {protocol!r} cannot grade this dataset: row "
+                f"{md.instance_id!r} ({shape} shape): {reason}"
+            )
+
+
 def _as_mapping(row: Mapping[str, Any] | Any) -> Mapping[str, Any]:
     if isinstance(row, Mapping):
         return row
@@ -103,6 +136,7 @@ __all__ = [
     "SweBenchGrading",
     "SweProSpec",
     "available_protocols",
+    "check_rows",
     "evaluability_check",
     "get_metadata",
     "local_backend_shims",

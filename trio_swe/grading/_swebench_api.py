@@ -27,8 +27,19 @@ from typing import Any
 from .._errors import SpecBuildError as SpecBuildError  # re-exported: raised from here
 from ._types import InstanceMetadata, SweBenchGrading
 
-#: The pip requirement that fixes a missing or broken swebench.
-INSTALL_HINT = "pip install 'trio-swe[swebench]' (or: pip install 'swebench>=4.1')"
+#: The command that fixes a missing swebench, or one that cannot build classic rows' scripts.
+INSTALL_HINT = "pip install 'trio-swe[swebench]' (swebench>=4.1,<5)"
+#: The command for datasets of 5.x-shape rows whose parser swebench 4.x lacks.
+INSTALL_HINT_V5 = "pip install 'trio-swe[swebench5]' (swebench>=5)"
+#: Reasons a row cannot be graded that installing another swebench fixes.
+VERSION_REASONS = (
+    "swebench_import_failed",
+    "classic_row_needs_swebench_4",
+    "v5_row_needs_swebench_5",
+)
+#: What swebench 5.x's ``record_test_exit_code`` prints after the test command.
+TEST_EXIT_CODE = ">>>>> Test Exit Code"
+_END_TEST_OUTPUT = ">>>>> End Test Output"
 
 
 @dataclass(frozen=True)
@@ -131,8 +142,8 @@ def build_test_spec(md: InstanceMetadata) -> Any:
         if not g.is_v5_row:
             raise SpecBuildError(
                 "classic_row_needs_swebench_4",
-                f"swebench {api.version} builds no eval script from repo+version; install "
-                "'swebench>=4.1,<5' or use rows carrying eval_script/log_parser/eval_type",
+                f"swebench {api.version} builds no eval script from repo+version (a classic "
+                f"SWE-bench row); fix: {INSTALL_HINT}",
             )
         if g.log_parser not in api.parsers:
             raise SpecBuildError(
@@ -146,18 +157,35 @@ def build_test_spec(md: InstanceMetadata) -> Any:
 
 
 def _build_v4(api: _Api, g: SweBenchGrading, inst: dict[str, Any]) -> Any:
-    if g.repo not in api.repo_to_parser:
-        raise SpecBuildError(
-            "unknown_repo", f"swebench {api.version} has no log parser for {g.repo!r}"
-        )
     if g.is_v5_row:
-        # A 5.x row on 4.x: run the row's script; 4.x picks the parser by repo.
+        # A 5.x row on 4.x: run the row's script. 4.x picks the parser (and fail-only grading)
+        # by repo, so that must be the parser and eval type the row names.
+        parser = api.parsers.get(g.log_parser or "")
+        if api.repo_to_parser.get(g.repo) is not parser or parser is None:
+            raise SpecBuildError(
+                "v5_row_needs_swebench_5",
+                f"swebench {api.version} parses {g.repo!r} logs with "
+                f"{getattr(api.repo_to_parser.get(g.repo), '__name__', 'no parser')}, the row "
+                f"names {g.log_parser!r}; fix: {INSTALL_HINT_V5}",
+            )
+        fail_only = g.repo in api.fail_only_repos
+        if fail_only != (g.eval_type == "fail_only"):
+            raise SpecBuildError(
+                "v5_row_needs_swebench_5",
+                f"swebench {api.version} grades {g.repo!r} as "
+                f"{'fail_only' if fail_only else 'pass_and_fail'}, the row says "
+                f"{g.eval_type!r}; fix: {INSTALL_HINT_V5}",
+            )
         lines = [
             ln
             for ln in (g.eval_script or "").strip().split("\n")
             if ln not in ("#!/bin/bash", "set -uxo pipefail")
         ]
         return _spec_v4(api, inst, lines)
+    if g.repo not in api.repo_to_parser:
+        raise SpecBuildError(
+            "unknown_repo", f"swebench {api.version} has no log parser for {g.repo!r}"
+        )
     specs = api.specs.get(g.repo, {}).get(g.version)
     if specs is None:
         raise SpecBuildError(
@@ -172,14 +200,36 @@ def _build_v4(api: _Api, g: SweBenchGrading, inst: dict[str, Any]) -> Any:
                 inst, specs, "testbed", "/testbed", g.base_commit, g.test_patch
             )
             return _spec_v4(api, inst, lines)
-        return api.make_test_spec(inst)
+        return _spec_v4(api, inst, api.make_test_spec(inst).eval_script_list)
     except SpecBuildError:
         raise
     except Exception as exc:
         raise SpecBuildError("make_test_spec_failed", f"{type(exc).__name__}: {exc}") from exc
 
 
+def record_test_exit_code(lines: list[str]) -> list[str]:
+    """Make a 4.x eval script print its test command's exit status, as 5.x's scripts do.
+
+    The script ends with a ``git checkout`` reset and has no ``set -e``, so its own status is
+    the reset's; ``$?`` right before the end marker is the test command's. Printed after the
+    marker, it stays out of the parsed region. Scripts that already record it are unchanged.
+    """
+    if any(TEST_EXIT_CODE in ln for ln in lines):
+        return list(lines)
+    for i, line in enumerate(lines):
+        if _END_TEST_OUTPUT in line:
+            return [
+                *lines[:i],
+                "__trio_swe_test_rc=$?",
+                line,
+                f'echo "{TEST_EXIT_CODE}: $__trio_swe_test_rc"',
+                *lines[i + 1 :],
+            ]
+    return list(lines)
+
+
 def _spec_v4(api: _Api, inst: dict[str, Any], eval_lines: list[str]) -> Any:
+    eval_lines = record_test_exit_code(list(eval_lines))
     return api.test_spec_cls(
         instance_id=inst["instance_id"],
         repo=inst["repo"],
