@@ -45,10 +45,12 @@ async def test_a_failed_overlay_mount_names_what_was_mounted() -> None:
         stderr=subprocess.PIPE,
     )
     os.close(w)
+    # As when the mount fails: the process has exited (so the info pipe is at EOF) and its
+    # message waits in the stderr pipe.
+    await proc.wait()
     what = " (overlay mount of image '/src@abc': lowerdir=/s/lower, on /s/merged)"
     with pytest.raises(SandboxBootError) as info:
         await _read_child_pid(r, proc, 10.0, what)
-    await proc.wait()
     message = str(info.value)
     assert "special device overlay does not exist" in message
     assert "lowerdir=/s/lower" in message
