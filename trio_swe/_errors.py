@@ -14,6 +14,7 @@ are in ``docs/episodes.md`` ("Failure vocabulary").
 exception                     ``abort_reason``         raised when
 ============================  =======================  =========================================
 SandboxBootError              ``boot_failed``          a sandbox did not boot (after retries)
+PermanentBootError            ``boot_failed``          the spec can never boot (not retried)
 BackendUnavailableError       ``boot_failed``          the backend cannot work on this machine
 SandboxError (others)         ``sandbox_error``        a sandbox died or stopped answering
 SetupFailedError              ``setup_failed``         pre-commands or workspace preparation
@@ -42,6 +43,7 @@ __all__ = [
     "MetadataError",
     "NotAppendOnlyError",
     "PatchFailedError",
+    "PermanentBootError",
     "PolicyError",
     "PromptTooLongError",
     "SampleDecodeError",
@@ -111,6 +113,11 @@ class SandboxBootError(SandboxError):
     """The sandbox could not be created."""
 
     abort_reason: ClassVar[AbortReason] = "boot_failed"
+
+
+class PermanentBootError(SandboxBootError):
+    """The sandbox can never boot from this spec: a missing image, a commit that does not
+    exist, a workdir the backend cannot use. Raised on the first attempt and never retried."""
 
 
 class SandboxUnreachableError(SandboxError):

@@ -27,6 +27,7 @@ from ._errors import (
     BackendUnavailableError,
     EvalInfrastructureError,
     PatchFailedError,
+    PermanentBootError,
     SandboxBootError,
     SandboxError,
     SetupFailedError,
@@ -202,8 +203,8 @@ class _BootingBackend:
             async with self._limiter:
                 try:
                     return await self._backend.create_sandbox(spec, nursery)
-                except BackendUnavailableError:
-                    raise  # this machine cannot do it; retrying will not help
+                except (BackendUnavailableError, PermanentBootError):
+                    raise  # this machine or this spec cannot do it; retrying will not help
                 except SandboxError as exc:
                     last = exc
                     logger.warning(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -16,11 +17,11 @@ from typing import Any, Literal
 
 import trio
 
-from ..._errors import BackendUnavailableError, SandboxBootError
+from ..._errors import BackendUnavailableError, PermanentBootError, SandboxBootError
 from .._types import SandboxSpec
 from .._validate import check_abs_path
 from ._image import ImageCache
-from ._rootfs import plan_root_args
+from ._rootfs import plan_root_args, workdir_problem
 from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
 from ._users import ROOT, group_with, passwd_with, pick_agent_user
 
@@ -238,15 +239,16 @@ class LocalBackend(trio.abc.AsyncResource):
     async def _boot(self, spec: SandboxSpec, nursery: trio.Nursery) -> LocalSandbox:
         self._check_tools()
         workdir = check_abs_path(spec.workdir, what="workdir")
-        if workdir == "/":
-            raise SandboxBootError("workdir must not be /")
+        problem = workdir_problem(posixpath.normpath(workdir))
+        if problem is not None:
+            raise PermanentBootError(problem)
         t0 = time.monotonic()
         self._root.mkdir(parents=True, exist_ok=True)
         if self._stats["created"] == 0 and self._stats["boot_failures"] == 0:
             await trio.to_thread.run_sync(self._sweep_stale)
         lower = await self._images.resolve(spec.image)
         if not lower.is_dir():
-            raise SandboxBootError(f"local image {spec.image!r}: {lower} is not a directory")
+            raise PermanentBootError(f"local image {spec.image!r}: {lower} is not a directory")
         use_overlay = self._workspace != "copy" and await self._probe_overlay()
         if self._workspace == "overlay" and not use_overlay:
             raise SandboxBootError("workspace='overlay' but overlayfs cannot be mounted here")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import trio
 
-from ..._errors import SandboxBootError
+from ..._errors import PermanentBootError, SandboxBootError
 
 
 def split_image(image: str) -> tuple[Path, str | None]:
@@ -22,7 +22,7 @@ def split_image(image: str) -> tuple[Path, str | None]:
         return Path(image), None
     path, sep, commit = image.rpartition("@")
     if not sep or not path or not commit:
-        raise SandboxBootError(f"local image {image!r}: not a directory, and not 'path@commit'")
+        raise PermanentBootError(f"local image {image!r}: not a directory, and not 'path@commit'")
     return Path(path), commit
 
 
@@ -53,11 +53,21 @@ class ImageCache:
         if commit is None:
             return path.resolve()
         if not (path / ".git").exists() and not (path / "HEAD").exists():
-            raise SandboxBootError(f"local image {image!r}: {path} is not a git repository")
+            raise PermanentBootError(f"local image {image!r}: {path} is not a git repository")
         repo = path.resolve()
-        sha = await _git(
-            "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"
+        found = await trio.run_process(
+            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
         )
+        if found.returncode == 1 and not found.stdout.strip():
+            # --verify --quiet: status 1 and no output means "no such commit", nothing else.
+            raise PermanentBootError(f"local image {image!r}: no commit {commit!r} in {repo}")
+        if found.returncode != 0:
+            err = found.stderr.decode(errors="replace").strip()
+            raise SandboxBootError(f"local image {image!r}: git rev-parse failed: {err}")
+        sha = found.stdout.decode().strip()
         key = hashlib.sha256(f"{repo}\0{sha}".encode()).hexdigest()[:24]
         final = self._root / key
         lock = self._locks.setdefault(key, trio.Lock())

@@ -20,6 +20,36 @@ from pathlib import PurePosixPath
 _PRIVATE_TOP = frozenset({"proc", "dev", "tmp"})
 
 
+# Directories the sandbox's own programs come from: a workdir mounted over one of them, inside
+# one or above one would hide the shell every command starts with.
+_SYSTEM_DIRS = (
+    "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+    "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libx32",
+    "/usr/libexec",
+)  # fmt: skip
+# Kernel file systems the sandbox gets its own of; nothing can be mounted inside them.
+_KERNEL_DIRS = ("/proc", "/sys", "/dev")
+
+
+def workdir_problem(workdir: str) -> str | None:
+    """Why ``workdir`` (absolute, normalised) can never hold a local sandbox's repository, or
+    None. Such a boot would fail the same way every time, so it is not worth a retry."""
+    path = PurePosixPath(workdir)
+    if str(path) == "/":
+        return "workdir must not be /"
+    for d in _KERNEL_DIRS:
+        if path == PurePosixPath(d) or PurePosixPath(d) in path.parents:
+            return f"workdir {workdir!r} is inside {d}, which the sandbox gets its own of"
+    for d in _SYSTEM_DIRS:
+        sys_dir = PurePosixPath(d)
+        if path == sys_dir or path in sys_dir.parents or sys_dir in path.parents:
+            return (
+                f"workdir {workdir!r} would hide {d}, where the sandbox's programs come from "
+                "(the local backend shows the host's root)"
+            )
+    return None
+
+
 def _ancestors(path: str) -> list[str]:
     parts = PurePosixPath(path).parts[1:]
     return ["/" + "/".join(parts[:i]) for i in range(1, len(parts))]
