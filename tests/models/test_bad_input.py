@@ -26,7 +26,7 @@ def test_swe_tokenizer_missing_path_names_the_variable(tmp_path: Path) -> None:
 
 
 def test_swe_tool_parser_unknown_names_the_choices() -> None:
-    with pytest.raises(ConfigError, match="SWE_TOOL_PARSER.*hermes, qwen3_coder"):
+    with pytest.raises(ConfigError, match=r"SWE_TOOL_PARSER.*hermes, qwen3_coder"):
         SweConfig.from_env({"SWE_TOOL_PARSER": "xml"}, check_protocols=False)
 
 
