@@ -86,6 +86,7 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             generate(args, sample_of(huge), params), generate(args, sample_of(ungradable), params)
         )
         after = server.statistics()["generations"]
+        seen.extend(server.sampling_params_seen)
         serving.cancel()
         try:
             await serving
@@ -94,7 +95,13 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         results = dict(zip([*names, "eval", "oov"], out, strict=True))
         return results, dict(zip(["huge", "ungradable"], bad, strict=True)), before, after
 
+    seen: list[dict[str, Any]] = []
     results, bad, before, after = asyncio.run(main())
+    # The trainer's sampling parameters reach every policy call, over the agent's defaults
+    # (max_new_tokens only ever clipped to the room left under the context cap).
+    assert seen
+    assert all(p["temperature"] == 0.7 and p["top_p"] == 1.0 for p in seen)
+    assert all(p["max_new_tokens"] <= 1024 for p in seen)
     S = SlimeLikeSample.Status
     for iid, expected in demo.expected_rewards.items():
         (s,) = results[iid]  # one sample per episode: the agent never forks on its own turns

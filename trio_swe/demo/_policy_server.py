@@ -124,6 +124,8 @@ class ScriptedPolicyServer:
         self._fallback = fallback
         self._pending: dict[str, trio.CancelScope] = {}
         self.aborted_rids: list[str] = []
+        #: The sampling parameters of each generation request, in arrival order.
+        self.sampling_params_seen: list[dict[str, Any]] = []
         self.port = 0
         self._stats = {"requests": 0, "generations": 0, "aborts": 0, "active": 0, "errors": 0}
 
@@ -152,6 +154,7 @@ class ScriptedPolicyServer:
             self._stats["errors"] += 1
             return 400, msgspec.json.encode({"error": str(exc)})
         self._stats["generations"] += 1
+        self.sampling_params_seen.append(dict(request.sampling_params))
         tok = self._tokenizer
         size = tok.vocab_size if isinstance(tok, ChatModel) else getattr(tok, "vocab_size", None)
         if size is not None and any(not 0 <= i < size for i in request.input_ids):

@@ -1,0 +1,76 @@
+"""The bash agent's tools dialect on Qwen3's real tokenizer and template, end to end on the
+local backend: the demo CLI, and the edit tool with several calls in one turn."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import trio
+
+from trio_swe import run_episode
+from trio_swe.agents import BashAgent, SGLangPolicy
+from trio_swe.demo import open_scripted_policy_server
+from trio_swe.models import ChatModel
+
+from ..qwen3 import qwen3_dir
+from ..test_cli import TRIO_SWE, _assert_no_sandboxes, _env
+from ..test_episode_support import assert_nothing_left, build_demo, demo_config
+
+
+@pytest.mark.slow
+async def test_demo_cli_on_the_qwen3_tokenizer(tmp_path: Path) -> None:
+    result = await trio.run_process(
+        [TRIO_SWE, "demo", "--no-progress", "--tokenizer", str(qwen3_dir())],
+        env=_env(tmp_path),
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+    )
+    out = result.stdout.decode()
+    assert result.returncode == 0, out + result.stderr.decode()
+    assert "hermes tool calls" in out.replace("\n", "")
+    assert "8/8 episodes earned the reward their script plays for" in out
+    _assert_no_sandboxes(tmp_path)
+
+
+def _call(name: str, **arguments: str) -> str:
+    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+async def test_edit_tool_and_several_calls_in_one_turn(tmp_path: Path) -> None:
+    demo, mds, backend = build_demo(tmp_path)
+    calc = next(md for md in mds if md.instance_id == "demo__calc-1")
+    model = ChatModel.from_checkpoint(qwen3_dir(), tools=BashAgent.TOOLS)
+    script = [
+        "<think>\n`add` subtracts.\n</think>\n\n"
+        + _call("edit_file", path="calc.py", old_text="return a - b", new_text="return a + b"),
+        "<think>\nTest it, and try an edit that cannot apply.\n</think>\n\n"
+        + _call("bash", command="python3 test_calc.py")
+        + "\n"
+        + _call("edit_file", path="calc.py", old_text="no such text", new_text="x"),
+        "<think>\nDone.\n</think>\n\n" + _call("bash", command="submit"),
+    ]
+    async with (
+        open_scripted_policy_server({"demo__calc-1": script}, tokenizer=model) as server,
+        SGLangPolicy(server.url) as policy,
+    ):
+        agent = BashAgent(policy, model, max_turns=10)
+        result = await run_episode(
+            calc, agent, backend=backend, config=demo_config(), network=False
+        )
+    assert result.status == "completed", result.error
+    assert (result.reward, result.agent_finish, result.n_turns) == (1.0, "submitted", 3)
+    assert result.patch_text == demo.gold_patches["demo__calc-1"]
+    (sample,) = result.samples
+    region = model.decode(sample.tokens_list()[sample.prompt_length :])
+    assert "edited calc.py" in region
+    assert "all tests passed" in region
+    assert "old_text occurs 0 times in calc.py" in region
+    # Two calls, two tool results in one user turn, as the template renders them.
+    assert region.count("<tool_response>") == 3
+    assert sample.metadata["trajectory"]["turn_kinds"] == ["start", "clean", "clean"]
+    assert sample.metadata["trajectory"]["ill_formed_turns"] == 0
+    assert_nothing_left(tmp_path, backend)
