@@ -36,7 +36,13 @@ from ._errors import (
 from ._groups import open_private_nursery
 from .agents import Agent, AgentOutcome, AgentTask
 from .config import SweConfig
-from .grading import EvalResult, InstanceMetadata, evaluability_check, run_evaluation
+from .grading import (
+    EvalResult,
+    InstanceMetadata,
+    evaluability_check,
+    resolve_image,
+    run_evaluation,
+)
 from .grading._patch import diff_script
 from .sandbox import Backend, Sandbox, SandboxSpec, exec_and_wait, open_sandbox
 from .trajectory import Sample, SampleBuilder
@@ -346,6 +352,8 @@ async def run_episode(
         The result; see :class:`EpisodeResult`.
     """
     cfg = config if config is not None else SweConfig.from_env()
+    # What this backend boots for the row (its image-mapping hook), for both sandboxes.
+    md = resolve_image(backend, md)
     episode = _Episode(
         md,
         agent,
@@ -358,7 +366,7 @@ async def run_episode(
     abort: tuple[AbortReason, str] | None = None
     with trio.move_on_after(cfg.guard_sec) as guard:
         try:
-            unevaluable = evaluability_check(md)
+            unevaluable = evaluability_check(md, backend)
             if unevaluable:
                 abort = ("unevaluable", unevaluable)
             else:

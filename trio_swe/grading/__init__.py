@@ -6,10 +6,14 @@ over from the agent's sandbox. See ``docs/grading.md`` for the row shapes and pr
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from .._errors import ConfigError, MetadataError
+from ..sandbox._images import check_image, image_for
 from ._patch import patch_bytes
 from ._registry import (
     GradingProtocol,
@@ -50,12 +54,51 @@ def get_metadata(row: Mapping[str, Any] | Any, protocol: str = "scaleswe") -> In
     return get_protocol(protocol).get_metadata(_as_mapping(row))
 
 
-def evaluability_check(md: InstanceMetadata) -> str | None:
+def evaluability_check(md: InstanceMetadata, backend: Backend | None = None) -> str | None:
     """A reason ``md`` cannot be graded (checked before an episode starts), or None.
 
     Cheap and free of I/O except that the swebench protocol builds its eval script eagerly.
+    With ``backend``, also what that backend would boot for the row (its ``image_for`` hook)
+    is checked by the backend (its ``check_image``: e.g. the local backend resolves
+    ``path@commit`` and checks that the checkout is the row's ``base_commit``; E2B refuses Docker
+    image names).
     """
-    return get_protocol(md.protocol).evaluability_check(md)
+    reason = get_protocol(md.protocol).evaluability_check(md)
+    if reason is not None or backend is None:
+        return reason
+    return check_image(backend, image_for(backend, md), commit=expected_commit(md))
+
+
+def resolve_image(backend: Backend, md: InstanceMetadata) -> InstanceMetadata:
+    """``md`` with the image ``backend`` boots for it (its ``image_for`` hook, if any)."""
+    image = image_for(backend, md)
+    return md if image == md.image else msgspec.structs.replace(md, image=image)
+
+
+def expected_commit(md: InstanceMetadata) -> str | None:
+    """The commit the instance image must have checked out (SWE-bench's ``base_commit``)."""
+    g = md.grading
+    if isinstance(g, SweBenchGrading) and g.base_commit:
+        return g.base_commit
+    return None
+
+
+def local_checkouts(root: str | os.PathLike[str]) -> Callable[[InstanceMetadata], str | None]:
+    """An ``images=`` mapping for ``LocalBackend``: SWE-bench rows boot from local clones.
+
+    A row of ``owner/name`` at ``base_commit`` boots ``<root>/<owner>__<name>@<base_commit>``
+    (SWE-bench's own ``owner__name`` spelling); rows without ``repo``/``base_commit`` keep
+    their image.
+    """
+    base = os.path.abspath(root)
+
+    def image(md: InstanceMetadata) -> str | None:
+        g = md.grading
+        if isinstance(g, SweBenchGrading) and g.repo and g.base_commit:
+            return f"{base}/{g.repo.replace('/', '__')}@{g.base_commit}"
+        return None
+
+    return image
 
 
 async def run_evaluation(
@@ -138,9 +181,12 @@ __all__ = [
     "available_protocols",
     "check_rows",
     "evaluability_check",
+    "expected_commit",
     "get_metadata",
     "local_backend_shims",
+    "local_checkouts",
     "register_protocol",
     "require_protocol",
+    "resolve_image",
     "run_evaluation",
 ]

@@ -10,7 +10,7 @@ from typing import Final
 import msgspec
 
 from .._errors import SandboxFileNotFoundError
-from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, open_sandbox
+from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, image_for, open_sandbox
 from . import _result as R
 from ._patch import (
     GIT_SAFE_ENV,
@@ -157,7 +157,7 @@ async def open_eval_sandbox(backend: Backend, md: InstanceMetadata) -> AsyncIter
     """A fresh sandbox from the instance image, killed on every way out."""
     async with open_sandbox(
         backend,
-        md.image,
+        image_for(backend, md),
         workdir=md.workdir,
         metadata={"instance_id": md.instance_id[:128], "role": "eval"},
     ) as sb:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import trio
 
-from ..sandbox import Backend
+from ..sandbox import Backend, Sandbox
 from . import _result as R
 from . import _swebench_api
 from ._metadata import swebench_metadata
-from ._patch import patch_bytes, patch_text
+from ._patch import GIT_SAFE_ENV, patch_bytes, patch_text
 from ._result import EvalResult
 from ._run import (
+    APPLY_TIMEOUT_SEC,
     EVAL_DIR,
     PLAIN_ENV,
     Phases,
@@ -97,6 +99,16 @@ class SweBenchProtocol:
         async with open_eval_sandbox(backend, md) as sb:
             phases.durations["boot"] = time.monotonic() - t_boot
             with phases.phase("apply"):
+                wrong = await _wrong_checkout(sb, md)
+                if wrong is not None:
+                    return make_result(
+                        md,
+                        phases,
+                        reason=R.UNEVALUABLE,
+                        grader="swebench",
+                        infra=True,
+                        detail=wrong,
+                    )
                 outcome = await apply_patch(sb, md, patch)
             if not outcome.applied:
                 return not_applied_result(md, phases, outcome, grader="swebench")
@@ -164,6 +176,34 @@ class SweBenchProtocol:
             ),
             **common,
         )
+
+
+async def _wrong_checkout(sb: Sandbox, md: InstanceMetadata) -> str | None:
+    """``base_commit_mismatch:...`` if the image's checkout is not the row's ``base_commit``.
+
+    The eval script resets only the test files to ``base_commit``; graded on another commit, a
+    gold patch may not apply and an empty one may pass. A workdir that is no git checkout is
+    not checked (nothing to compare).
+    """
+    g = md.grading
+    want = g.base_commit.strip().lower() if isinstance(g, SweBenchGrading) else ""
+    if not want:
+        return None
+    r = await sb.exec(
+        f"git -C {shlex.quote(md.workdir)} rev-parse HEAD",
+        user="root",
+        env=dict(GIT_SAFE_ENV),
+        timeout=APPLY_TIMEOUT_SEC,
+    )
+    head = r.output.strip().lower()
+    if not r.ok or not head:
+        return None
+    if len(want) >= 7 and head.startswith(want):
+        return None
+    return (
+        f"base_commit_mismatch:the eval sandbox's {md.workdir} checks out {head}, the row's "
+        f"base_commit is {want}"
+    )
 
 
 def _test_exit_code(log: str) -> int | None:

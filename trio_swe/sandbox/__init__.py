@@ -1,6 +1,7 @@
 """Sandboxes: the protocol, ``open_sandbox``, backends and detached execution."""
 
 from ._detached import exec_and_wait
+from ._images import ImageMap, ImageSource, check_image, image_for
 from ._open import open_sandbox
 from ._protocol import Backend, Sandbox
 from ._types import (
@@ -16,9 +17,13 @@ __all__ = [
     "Backend",
     "ExecReason",
     "ExecResult",
+    "ImageMap",
+    "ImageSource",
     "ResourceLimits",
     "Sandbox",
     "SandboxSpec",
+    "check_image",
     "exec_and_wait",
+    "image_for",
     "open_sandbox",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 import ssl
 import uuid
 from typing import Any, Final
@@ -12,6 +13,7 @@ from typing import Any, Final
 import trio
 
 from ..._errors import ConfigError, SandboxBootError
+from .._images import ImageMap, ImageSource
 from .._types import SandboxSpec
 from . import _connect
 from ._envd import ENVD_PORT, EnvdClient
@@ -37,6 +39,11 @@ _USER_AGENT: Final = "trio-swe-e2b/0.1"
 
 def _env_bool(name: str) -> bool:
     return os.environ.get(name, "false").strip().lower() in ("1", "true", "yes")
+
+
+#: A Docker image reference with a repository path (``swebench/sweb.eval...:latest``): what
+#: SWE-bench rows name, and never an E2B template (names and ids have no ``/``).
+_DOCKER_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?::[0-9]+)?/\S+$")
 
 
 class E2BBackend(trio.abc.AsyncResource):
@@ -68,6 +75,9 @@ class E2BBackend(trio.abc.AsyncResource):
         request_timeout: bound on one unary request or file transfer.
         max_output_bytes: ``exec`` keeps the last this many bytes of output.
         seed: seeds the backoff jitter (tests).
+        images: which template each row boots (the image-mapping hook ``image_for``): instance
+            id -> template, or a function of the instance metadata returning one (None: the
+            row's own image, which must then be a template name or id).
     """
 
     name = "e2b"
@@ -89,7 +99,9 @@ class E2BBackend(trio.abc.AsyncResource):
         request_timeout: float = 60.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         seed: int | None = None,
+        images: ImageSource | None = None,
     ) -> None:
+        self.image_for = ImageMap(images)
         self.debug = _env_bool("E2B_DEBUG") if debug is None else debug
         self.api_key = api_key or os.environ.get("E2B_API_KEY") or None
         self.domain = domain or os.environ.get("E2B_DOMAIN") or "e2b.app"
@@ -254,6 +266,16 @@ class E2BBackend(trio.abc.AsyncResource):
         pools, self._pools = list(self._pools.values()), {}
         for pool in pools:
             await pool.aclose()
+
+    def check_image(self, image: str, *, commit: str | None = None) -> str | None:
+        """Why ``image`` is no E2B template reference, or None (no request is made: whether
+        the template exists, and its checkout's commit, are checked once booted)."""
+        if not image.strip() or any(c.isspace() for c in image) or _DOCKER_REF_RE.match(image):
+            return (
+                f"image_not_a_template:{image!r} is not an E2B template name or id (a Docker "
+                "image name? map rows to templates with E2BBackend(images=...))"
+            )
+        return None
 
     def statistics(self) -> dict[str, Any]:
         return {

@@ -18,9 +18,10 @@ from typing import Any, Literal
 import trio
 
 from ..._errors import BackendUnavailableError, PermanentBootError, SandboxBootError
+from .._images import ImageMap, ImageSource
 from .._types import SandboxSpec
 from .._validate import check_abs_path
-from ._image import ImageCache
+from ._image import ImageCache, check_local_image
 from ._rootfs import plan_root_args, workdir_problem
 from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
 from ._users import ROOT, group_with, passwd_with, pick_agent_user
@@ -117,6 +118,10 @@ class LocalBackend(trio.abc.AsyncResource):
             and can push single boots past ``boot_timeout_sec``.
         boot_timeout_sec: how long one boot may take once started before it fails with
             :class:`SandboxBootError`.
+        images: which local image each row boots (the image-mapping hook ``image_for``):
+            instance id -> image, or a function of the instance metadata returning one (None:
+            the row's own image). E.g. ``trio_swe.grading.local_checkouts("/src")`` boots
+            SWE-bench rows from ``/src/<owner>__<name>@<base_commit>``.
 
     Raises:
         BackendUnavailableError: on first use, if bubblewrap or util-linux is missing.
@@ -135,7 +140,9 @@ class LocalBackend(trio.abc.AsyncResource):
         env: Mapping[str, str] | None = None,
         max_concurrent_boots: int = 8,
         boot_timeout_sec: float = 60.0,
+        images: ImageSource | None = None,
     ) -> None:
+        self.image_for = ImageMap(images)
         self._boot_limiter = trio.CapacityLimiter(max_concurrent_boots)
         self._boot_timeout = boot_timeout_sec
         # Absolute: mount options and bind sources must not depend on the working directory
@@ -169,6 +176,12 @@ class LocalBackend(trio.abc.AsyncResource):
     async def aclose(self) -> None:
         """Nothing to release: a local backend holds no connections, and its sandboxes are
         killed by :func:`~trio_swe.open_sandbox`."""
+
+    def check_image(self, image: str, *, commit: str | None = None) -> str | None:
+        """Why ``image`` cannot boot here, or None: a directory, or ``path@commit`` of a git
+        repository that has the commit; with ``commit`` (the row's ``base_commit``), the
+        image's checkout must be that commit. Runs ``git rev-parse`` (milliseconds)."""
+        return check_local_image(image, commit)
 
     def statistics(self) -> Mapping[str, Any]:
         mode = {True: "overlay", False: "copy", None: "unknown"}[self._overlay_ok]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -24,6 +25,49 @@ def split_image(image: str) -> tuple[Path, str | None]:
     if not sep or not path or not commit:
         raise PermanentBootError(f"local image {image!r}: not a directory, and not 'path@commit'")
     return Path(path), commit
+
+
+def check_local_image(image: str, commit: str | None = None) -> str | None:
+    """Why the local backend cannot boot ``image`` (or boots another commit), or None.
+
+    ``commit``: the commit the checkout must be (the row's ``base_commit``; a prefix of at
+    least 7 hex digits matches, as git's short ids do).
+    """
+    try:
+        path, rev = split_image(image)
+    except SandboxBootError as exc:
+        return f"image_not_local:{exc}"
+    if rev is None and not path.is_dir():
+        return f"image_not_local:local image {image!r}: {path} is not a directory"
+    if rev is None and not (path / ".git").exists():
+        return None  # a plain directory: no commit to check
+    if rev is not None and not (path / ".git").exists() and not (path / "HEAD").exists():
+        return f"image_not_local:local image {image!r}: {path} is not a git repository"
+    try:
+        out = subprocess.run(
+            [
+                "git",
+                "-C",
+                str(path),
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                f"{rev or 'HEAD'}^{{commit}}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"image_not_local:git rev-parse failed for {image!r}: {exc}"
+    sha = out.stdout.strip()
+    if out.returncode != 0 or not sha:
+        return f"image_commit_missing:{path} has no commit {rev or 'HEAD'!r}"
+    want = (commit or "").strip().lower()
+    if want and not (len(want) >= 7 and sha.startswith(want)):
+        return f"base_commit_mismatch:image {image!r} checks out {sha}, the row's base_commit is {want}"
+    return None
 
 
 async def _git(*args: str) -> str:
