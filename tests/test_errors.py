@@ -14,6 +14,7 @@ from trio_swe.episode import AbortReason
 TABLE = {
     "SandboxBootError": "boot_failed",
     "BackendUnavailableError": "boot_failed",
+    "PermanentBootError": "boot_failed",
     "SandboxError": "sandbox_error",
     "SandboxUnreachableError": "sandbox_error",
     "SandboxNotRunningError": "sandbox_error",

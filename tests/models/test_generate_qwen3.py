@@ -53,6 +53,8 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     huge["metadata"]["problem_statement"] = "add() is wrong. " * (20 * 1024 * 1024 // 16)
     ungradable = copy.deepcopy(rows["demo__calc-1"])
     del ungradable["metadata"]["eval_cmd"]
+    no_image = copy.deepcopy(rows["demo__calc-1"])
+    no_image["metadata"]["image"] = str(tmp_path / "no-such-image")
     model = ChatModel.from_checkpoint(qwen3_dir(), tools=BashAgent.TOOLS)
 
     def sample_of(row: dict[str, Any]) -> SlimeLikeSample:
@@ -83,7 +85,9 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         )
         before = server.statistics()["generations"]
         bad = await asyncio.gather(
-            generate(args, sample_of(huge), params), generate(args, sample_of(ungradable), params)
+            generate(args, sample_of(huge), params),
+            generate(args, sample_of(ungradable), params),
+            generate(args, sample_of(no_image), params),
         )
         after = server.statistics()["generations"]
         seen.extend(server.sampling_params_seen)
@@ -93,7 +97,12 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         except asyncio.CancelledError:
             pass
         results = dict(zip([*names, "eval", "oov"], out, strict=True))
-        return results, dict(zip(["huge", "ungradable"], bad, strict=True)), before, after
+        return (
+            results,
+            dict(zip(["huge", "ungradable", "no_image"], bad, strict=True)),
+            before,
+            after,
+        )
 
     seen: list[dict[str, Any]] = []
     results, bad, before, after = asyncio.run(main())
@@ -157,3 +166,6 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     (ungradable_s,) = bad["ungradable"]
     assert ungradable_s.status is S.FAILED
     assert ungradable_s.metadata["abort_reason"].startswith("unevaluable")
+    (no_image_s,) = bad["no_image"]
+    assert no_image_s.status is S.FAILED
+    assert no_image_s.metadata["abort_reason"].startswith("boot_failed:PermanentBootError")

@@ -22,7 +22,7 @@ import trio
 
 from .. import aio
 from .._close import aclose_quietly
-from .._errors import ConfigError, MetadataError
+from .._errors import ConfigError, MetadataError, PermanentBootError
 from ..agents import Agent, create_agent
 from ..config import BACKENDS, SweConfig
 from ..episode import EpisodeResult, run_episode
@@ -109,7 +109,8 @@ def _policy_url(args: Any, config: SweConfig) -> str:
 
 #: Abort reasons that are properties of the row, not passing failures: slime gets
 #: ``Status.FAILED`` for them (its fully-async mode requeues ``ABORTED`` samples, forever for a
-#: row that can never be graded).
+#: row that can never be graded). A ``boot_failed`` caused by a
+#: :class:`~trio_swe.PermanentBootError` (a missing image) is ``FAILED`` too.
 PERMANENT_ABORT_REASONS: frozenset[str] = frozenset({"unevaluable", "prompt_too_long", "metadata"})
 
 
@@ -207,7 +208,10 @@ async def generate(
 
     result, decode = await aio.run(episode)
     if result.status == "aborted":
-        return [_slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)]
+        out = _slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)
+        if (result.error or "").startswith(f"{PermanentBootError.__name__}:"):
+            _set_status(out, "failed")  # a missing image, a commit that does not exist, ...
+        return [out]
     extra = {
         "instance_id": md.instance_id,
         "grading_solved": bool(result.eval_result and result.eval_result.resolved),
