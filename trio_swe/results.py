@@ -17,7 +17,7 @@ import msgspec
 from .episode import EpisodeResult
 from .trajectory import decode_sample, encode_sample
 
-__all__ = ["ResultsWriter", "encode_result", "read_results"]
+__all__ = ["ResultsWriter", "decode_result", "encode_result", "read_results"]
 
 _FRAME_HEADER = struct.Struct(">I")
 
@@ -38,6 +38,23 @@ def encode_result(result: EpisodeResult) -> bytes:
     )
     body = msgspec.msgpack.encode(frame)
     return _FRAME_HEADER.pack(len(body)) + body
+
+
+def decode_result(frame: bytes | memoryview) -> EpisodeResult:
+    """The result in one frame made by :func:`encode_result` (samples decoded).
+
+    Raises:
+        msgspec.DecodeError: the bytes are not one whole frame.
+    """
+    view = memoryview(frame)
+    if len(view) < _FRAME_HEADER.size:
+        raise msgspec.DecodeError("a result frame is at least 4 bytes")
+    (size,) = _FRAME_HEADER.unpack_from(view, 0)
+    if len(view) != _FRAME_HEADER.size + size:
+        raise msgspec.DecodeError(f"a result frame of {size} bytes has {len(view) - 4}")
+    decoded = _frame_decoder.decode(view[_FRAME_HEADER.size :])
+    decoded.result.samples = [decode_sample(s) for s in decoded.samples]
+    return decoded.result
 
 
 def read_results(path: str | os.PathLike[str]) -> tuple[list[EpisodeResult], int]:
@@ -86,6 +103,12 @@ class ResultsWriter:
     def write(self, result: EpisodeResult) -> None:
         """Append ``result`` and flush it to the OS (it survives the process being killed)."""
         self._file.write(encode_result(result))
+        self._file.flush()
+        self.written += 1
+
+    def write_frame(self, frame: bytes) -> None:
+        """Append a frame already made by :func:`encode_result` (e.g. by a remote worker)."""
+        self._file.write(frame)
         self._file.flush()
         self.written += 1
 

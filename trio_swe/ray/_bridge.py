@@ -1,0 +1,56 @@
+"""Awaiting Ray object refs from trio, without a thread per ref.
+
+``ObjectRef.future()`` gives a :class:`concurrent.futures.Future` completed by Ray's core worker;
+its done-callback runs on one of Ray's threads and wakes the waiting trio task through the run's
+token. A cancelled waiter leaves the remote task alone: whoever owns it decides whether to
+``ray.cancel`` it (see :func:`cancel_and_wait`).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from typing import Any, TypeVar
+
+import ray
+import trio
+
+__all__ = ["cancel_and_wait", "wait_ref"]
+
+T = TypeVar("T")
+
+
+async def wait_ref(ref: ray.ObjectRef[T]) -> T:
+    """The value of ``ref``; its task's exception is raised (``RayTaskError``, ``RayActorError``)."""
+    future: concurrent.futures.Future[T] = ref.future()
+    if not future.done():
+        token = trio.lowlevel.current_trio_token()
+        event = trio.Event()
+
+        def wake(_: object) -> None:
+            try:
+                token.run_sync_soon(event.set)
+            except trio.RunFinishedError:
+                pass  # the waiter's run is gone; nobody is waiting
+
+        future.add_done_callback(wake)
+        await event.wait()
+    return future.result()
+
+
+async def cancel_and_wait(ref: ray.ObjectRef[Any], *, timeout_sec: float) -> None:
+    """``ray.cancel`` the task behind ``ref`` and wait (shielded, bounded) until it has ended.
+
+    An async actor's task is cancelled as an asyncio task: the actor's cleanup (a trio episode
+    killing its sandboxes) runs before the task ends, so returning here means it is done, or the
+    worker is dead, or ``timeout_sec`` passed.
+    """
+    with trio.CancelScope(shield=True) as scope:
+        scope.deadline = trio.current_time() + timeout_sec
+        try:
+            ray.cancel(ref)
+        except Exception:  # an already finished or foreign ref: nothing to cancel
+            pass
+        try:
+            await wait_ref(ref)
+        except Exception:
+            pass  # TaskCancelledError as expected, or the worker died meanwhile

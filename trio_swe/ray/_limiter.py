@@ -1,0 +1,256 @@
+"""The cluster-wide limiter: a Ray actor handing out sandbox leases, and the worker's side of it.
+
+:class:`ClusterLimiter` is an async actor around a :class:`~._leases.LeaseTable`. Workers ask it
+before every boot (:class:`LeasedBackend` wraps their backend): the request waits until the
+sandbox fits under both caps, the lease stops counting as booting once the sandbox is up, and it
+is returned when the sandbox is killed (or its boot fails). A worker that dies gives its leases
+back two ways: the driver that sees it die calls :meth:`ClusterLimiter.reclaim` at once, and the
+limiter expires holders that stop sending heartbeats (a node lost with its driver).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import ray
+import trio
+
+from .._errors import SandboxBootError
+from ..sandbox import Backend, Sandbox, SandboxSpec
+from ._bridge import wait_ref
+from ._leases import LeaseTable, LimiterStatistics
+
+__all__ = ["ClusterLimiter", "LeasedBackend", "LimiterClient", "open_limiter"]
+
+logger = logging.getLogger(__name__)
+
+#: Name of the limiter actor that workers of every pool find (in the Ray namespace in use).
+DEFAULT_LIMITER_NAME = "trio_swe-limiter"
+
+
+class _Limiter:
+    """The actor's body (decorated by :data:`ClusterLimiter`)."""
+
+    def __init__(self, max_booting: int, max_alive: int, holder_ttl_sec: float) -> None:
+        self._table = LeaseTable(
+            max_booting=max_booting, max_alive=max_alive, holder_ttl_sec=holder_ttl_sec
+        )
+        self._waiters: dict[str, asyncio.Future[bool]] = {}
+        self._expirer: asyncio.Task[None] | None = None
+
+    def _start_expirer(self) -> None:
+        if self._expirer is None:
+            self._expirer = asyncio.get_running_loop().create_task(self._expire_forever())
+
+    async def _expire_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self._table.holder_ttl_sec / 4)
+            silent, granted = self._table.expire(time.monotonic())
+            if silent:
+                logger.warning("reclaimed the leases of silent workers %s", silent)
+            self._wake(granted)
+
+    def _wake(self, granted: list[str]) -> None:
+        for lease_id in granted:
+            waiter = self._waiters.pop(lease_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(True)
+            elif waiter is None or waiter.cancelled():
+                self._wake(self._table.release(lease_id))  # nobody is waiting for it any more
+
+    async def acquire(self, lease_id: str, holder: str) -> bool:
+        """Wait for a lease. False: the request was released (cancelled) before it arrived."""
+        self._start_expirer()
+        granted = self._table.request(lease_id, holder, time.monotonic())
+        if granted is not None:
+            return granted
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters[lease_id] = waiter
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            self._waiters.pop(lease_id, None)
+            self._wake(self._table.release(lease_id))
+            raise
+
+    async def booted(self, lease_id: str) -> None:
+        self._wake(self._table.booted(lease_id))
+
+    async def release(self, lease_id: str) -> None:
+        waiter = self._waiters.pop(lease_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(False)
+        self._wake(self._table.release(lease_id))
+
+    async def heartbeat(self, holder: str) -> None:
+        self._start_expirer()
+        self._table.heartbeat(holder, time.monotonic())
+
+    async def reclaim(self, holder: str) -> int:
+        """Take back every lease of ``holder`` (a worker known dead); returns how many."""
+        for lease_id, waiter in list(self._waiters.items()):
+            if self._table.holder_of(lease_id) == holder and not waiter.done():
+                waiter.set_result(False)
+                del self._waiters[lease_id]
+        count, granted = self._table.reclaim(holder)
+        self._wake(granted)
+        return count
+
+    async def statistics(self) -> bytes:
+        import msgspec
+
+        return msgspec.msgpack.encode(self._table.statistics())
+
+    async def per_holder(self) -> dict[str, int]:
+        return dict(self._table.per_holder())
+
+
+#: The limiter as a Ray actor class (async; no CPU of its own).
+ClusterLimiter = ray.remote(num_cpus=0, max_concurrency=100_000)(_Limiter)
+
+
+def open_limiter(
+    *,
+    max_booting: int = 0,
+    max_alive: int = 0,
+    holder_ttl_sec: float = 60.0,
+    name: str | None = DEFAULT_LIMITER_NAME,
+    namespace: str | None = None,
+) -> ray.actor.ActorHandle:
+    """The cluster's limiter actor: the one named ``name`` if it exists, else a new one.
+
+    ``name=None`` makes a private (unnamed) limiter. The caps of an existing limiter are kept.
+    """
+    options: dict[str, Any] = {}
+    if name is not None:
+        options.update(name=name, get_if_exists=True)
+        if namespace is not None:
+            options["namespace"] = namespace
+    return ClusterLimiter.options(**options).remote(max_booting, max_alive, holder_ttl_sec)
+
+
+def limiter_statistics(handle: ray.actor.ActorHandle) -> LimiterStatistics:
+    """A snapshot of the limiter (blocking; from a driver's thread, not from a trio task)."""
+    import msgspec
+
+    raw = ray.get(handle.statistics.remote())
+    return msgspec.msgpack.decode(raw, type=LimiterStatistics)
+
+
+class LimiterClient:
+    """A worker's side of the limiter: ask, mark booted, release; heartbeats."""
+
+    def __init__(self, handle: ray.actor.ActorHandle, holder: str) -> None:
+        self.handle = handle
+        self.holder = holder
+        self.waited_sec = 0.0
+        self.leases = 0
+
+    async def acquire(self) -> str:
+        """Wait for a lease and return its id. Cancelling the wait drops the request."""
+        lease_id = uuid.uuid4().hex
+        t0 = time.monotonic()
+        ref = self.handle.acquire.remote(lease_id, self.holder)
+        try:
+            granted = await wait_ref(ref)
+        except BaseException:
+            # Cancelled (or the limiter failed): whether or not the lease was granted meanwhile,
+            # releasing it by id gives it back (or drops the queued request).
+            self.release(lease_id)
+            raise
+        self.waited_sec += time.monotonic() - t0
+        if not granted:
+            raise SandboxBootError(f"the cluster limiter dropped lease request {lease_id}")
+        self.leases += 1
+        return lease_id
+
+    def booted(self, lease_id: str) -> None:
+        self.handle.booted.remote(lease_id)
+
+    def release(self, lease_id: str) -> None:
+        self.handle.release.remote(lease_id)
+
+    async def heartbeat_forever(self, every_sec: float) -> None:
+        while True:
+            self.handle.heartbeat.remote(self.holder)
+            await trio.sleep(every_sec)
+
+
+class _LeasedSandbox:
+    """A sandbox whose kill returns its lease."""
+
+    def __init__(self, inner: Sandbox, client: LimiterClient, lease_id: str) -> None:
+        self._inner = inner
+        self._client = client
+        self._lease: str | None = lease_id
+
+    @property
+    def id(self) -> str:
+        return self._inner.id
+
+    @property
+    def workdir(self) -> str:
+        return self._inner.workdir
+
+    @property
+    def nursery(self) -> trio.Nursery:
+        return self._inner.nursery
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    async def exec(self, cmd: str, **kwargs: Any) -> Any:
+        return await self._inner.exec(cmd, **kwargs)
+
+    async def write_file(self, path: str, data: bytes | str, **kwargs: Any) -> None:
+        await self._inner.write_file(path, data, **kwargs)
+
+    async def read_file(self, path: str, **kwargs: Any) -> bytes:
+        return await self._inner.read_file(path, **kwargs)
+
+    async def kill(self) -> None:
+        try:
+            await self._inner.kill()
+        finally:
+            if self._lease is not None:
+                self._client.release(self._lease)
+                self._lease = None
+
+    def statistics(self) -> Mapping[str, Any]:
+        return self._inner.statistics()
+
+
+class LeasedBackend:
+    """Wraps a backend: every boot first takes a lease from the cluster limiter."""
+
+    def __init__(self, backend: Backend, client: LimiterClient) -> None:
+        self._backend = backend
+        self._client = client
+        self.name = backend.name
+
+    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
+        lease_id = await self._client.acquire()
+        try:
+            sandbox = await self._backend.create_sandbox(spec, nursery)
+        except BaseException:
+            self._client.release(lease_id)
+            raise
+        self._client.booted(lease_id)
+        return _LeasedSandbox(sandbox, self._client, lease_id)
+
+    def statistics(self) -> Mapping[str, Any]:
+        stats = dict(self._backend.statistics())
+        stats["lease_wait_sec"] = self._client.waited_sec
+        stats["leases"] = self._client.leases
+        return stats
+
+    async def aclose(self) -> None:
+        close = getattr(self._backend, "aclose", None)
+        if close is not None:
+            await close()
+

@@ -1,0 +1,610 @@
+"""The driver's side: a pool of rollout workers, and rollouts streamed from it.
+
+:class:`WorkerPool` starts the workers (one per node by default), keeps them across batches, and
+dispatches episodes to the least loaded live worker, at most ``concurrency`` per worker. A worker
+that dies mid-episode (``ray.kill``, OOM, node loss) costs nothing but time: its episodes run
+again on another worker (each instance is in the results exactly once), the limiter gets its
+leases back at once, and a replacement worker is started. Leaving a rollout early or cancelling
+the driver cancels the episodes on their workers and waits until their sandboxes are killed.
+
+Everything here is trio; from asyncio the same objects work (``async with pool``,
+``async with pool.rollouts(...)``, ``await pool.run_episode(...)``): they detect the running
+library and go through :mod:`trio_swe.aio`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+import math
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal, TypeVar
+
+import msgspec
+import ray
+import sniffio
+import trio
+from ray.util.scheduling_strategies import (
+    NodeAffinitySchedulingStrategy,
+    PlacementGroupSchedulingStrategy,
+)
+
+from .. import aio
+from .._errors import ConfigError, TrioSweError
+from ..config import SweConfig
+from ..episode import EpisodeResult
+from ..grading import InstanceMetadata
+from ..results import decode_result
+from ._bridge import cancel_and_wait, wait_ref
+from ._leases import LimiterStatistics
+from ._limiter import open_limiter
+from ._wire import Job, encode_config, encode_job
+from ._worker import AgentFactory, BackendFactory, RolloutWorker, WorkerInfo, WorkerStatistics
+
+__all__ = ["WorkerPool", "WorkerPoolError"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: How long a cancelled episode may take to clean up on its worker before the driver moves on.
+CANCEL_TIMEOUT_SEC = 60.0
+
+
+class WorkerPoolError(TrioSweError):
+    """The pool cannot run episodes: no worker is alive, or a worker failed to start."""
+
+
+class _Worker:
+    """The driver's view of one worker."""
+
+    def __init__(self, index: int, handle: ray.actor.ActorHandle, options: dict[str, Any]):
+        self.index = index
+        self.handle = handle
+        self.options = options
+        self.ready_ref: ray.ObjectRef[bytes] = handle.ready.remote()
+        self.state: Literal["starting", "live", "dead"] = "starting"
+        self.info: WorkerInfo | None = None
+        self.running = 0
+
+    def mark_live(self, raw: bytes) -> None:
+        if self.state == "starting":
+            self.info = msgspec.msgpack.decode(raw, type=WorkerInfo)
+            self.state = "live"
+
+
+def _in_asyncio() -> bool:
+    try:
+        return sniffio.current_async_library() == "asyncio"
+    except sniffio.AsyncLibraryNotFoundError:
+        return False
+
+
+class WorkerPool:
+    """Rollout workers as Ray actors, each hosting one long-lived trio run.
+
+    Example (trio or asyncio alike)::
+
+        async with WorkerPool(concurrency=16, config=config) as pool:
+            async with pool.rollouts(mds) as results:
+                async for result in results:    # in the order they finish
+                    ...
+
+    Args:
+        workers: how many workers; None starts one per alive node (placed with a hard node
+            affinity), an int spreads that many over the cluster (``SPREAD``). Ignored when
+            ``resources`` or ``placement_group`` say where each worker goes.
+        concurrency: episodes running at once on each worker.
+        config: the episodes' configuration (:meth:`SweConfig.from_env` of the driver when None);
+            shipped to the workers as msgpack.
+        backend: ``"local"``, ``"e2b"`` (built on the worker, from its environment), or a
+            factory ``f(config) -> Backend | async context manager`` run in the worker's trio
+            run; default ``config.backend``.
+        agent: an agent name from the registry, or a factory ``f(config) -> Agent`` run in the
+            worker's trio run; default ``config.agent``.
+        max_booting / max_alive: cluster-wide caps on sandboxes booting / alive at once, kept
+            by the limiter actor ``limiter_name`` (0 and 0: no limiter).
+        limiter_name: the limiter's actor name (shared by every pool that uses the same one).
+        resources: one mapping of Ray custom resources per worker (``{"node_b": 1}``) to pin it.
+        placement_group: a placement group; worker ``i`` goes in bundle ``i``.
+        num_cpus: CPUs each worker reserves for scheduling.
+        name: a shared pool: workers are named ``{name}-{i}`` and reused by every process that
+            opens a pool of that name (slime's rollout actors); None: private workers.
+        namespace: Ray namespace of named workers and the limiter.
+        replace_dead: start a replacement for a worker that died.
+        runtime_env: Ray runtime environment of the workers.
+    """
+
+    def __init__(
+        self,
+        *,
+        workers: int | None = None,
+        concurrency: int = 4,
+        config: SweConfig | None = None,
+        backend: str | BackendFactory | None = None,
+        agent: str | AgentFactory | None = None,
+        max_booting: int = 0,
+        max_alive: int = 0,
+        limiter_name: str | None = "trio_swe-limiter",
+        resources: Sequence[Mapping[str, float]] | None = None,
+        placement_group: Any = None,
+        num_cpus: float = 1.0,
+        name: str | None = None,
+        namespace: str | None = None,
+        replace_dead: bool = True,
+        runtime_env: Mapping[str, Any] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
+        if workers is not None and workers < 1:
+            raise ConfigError(f"workers must be >= 1 (or None: one per node), not {workers}")
+        if max_booting < 0 or max_alive < 0:
+            raise ConfigError("max_booting and max_alive must be >= 0 (0: no cap)")
+        self.concurrency = concurrency
+        self.config = config if config is not None else SweConfig.from_env()
+        self._n_workers = workers
+        self._backend = backend
+        self._agent = agent
+        self._max_booting = max_booting
+        self._max_alive = max_alive
+        self._limiter_name = limiter_name
+        self._resources = list(resources) if resources is not None else None
+        self._placement_group = placement_group
+        self._num_cpus = num_cpus
+        self._name = name
+        self._namespace = namespace
+        self._replace_dead = replace_dead
+        self._runtime_env = dict(runtime_env) if runtime_env is not None else None
+        self._workers: list[_Worker] = []
+        self._limiter: ray.actor.ActorHandle | None = None
+        self._changed = trio.Event()
+        self._started = False
+        self.reruns = 0
+        self.deaths = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    async def __aenter__(self) -> WorkerPool:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Start the workers (and the limiter) and wait until every one is ready."""
+        if _in_asyncio():
+            return await aio.run(self._start_trio)
+        await self._start_trio()
+
+    async def aclose(self) -> None:
+        """Stop the workers this pool started (a shared pool's workers stay up: :meth:`shutdown`)."""
+        if _in_asyncio():
+            return await aio.run(self._aclose_trio, self._name is None)
+        await self._aclose_trio(self._name is None)
+
+    async def shutdown(self) -> None:
+        """Stop every worker of the pool, shared or not."""
+        if _in_asyncio():
+            return await aio.run(self._aclose_trio, True)
+        await self._aclose_trio(True)
+
+    async def _start_trio(self) -> None:
+        if self._started:
+            return
+        if not ray.is_initialized():
+            raise WorkerPoolError("Ray is not initialised: call ray.init(...) first")
+        if self._max_booting or self._max_alive:
+            self._limiter = open_limiter(
+                max_booting=self._max_booting,
+                max_alive=self._max_alive,
+                name=self._limiter_name,
+                namespace=self._namespace,
+            )
+        config = encode_config(self.config)
+        for index, options in enumerate(self._placements()):
+            self._workers.append(self._spawn(index, options, config))
+        self._started = True
+        for worker in list(self._workers):
+            try:
+                worker.mark_live(await wait_ref(worker.ready_ref))
+            except ray.exceptions.RayError as exc:
+                await self._aclose_trio(True)
+                raise WorkerPoolError(f"rollout worker {worker.index} failed to start: {exc}")
+
+    def _placements(self) -> list[dict[str, Any]]:
+        base: dict[str, Any] = {"num_cpus": self._num_cpus, "max_concurrency": 100_000}
+        if self._runtime_env is not None:
+            base["runtime_env"] = self._runtime_env
+        if self._placement_group is not None:
+            count = self._n_workers or len(self._placement_group.bundle_specs)
+            return [
+                {
+                    **base,
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        self._placement_group, placement_group_bundle_index=i
+                    ),
+                }
+                for i in range(count)
+            ]
+        if self._resources is not None:
+            return [{**base, "resources": dict(r)} for r in self._resources]
+        if self._n_workers is not None:
+            return [{**base, "scheduling_strategy": "SPREAD"} for _ in range(self._n_workers)]
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        if not nodes:
+            raise WorkerPoolError("the Ray cluster has no alive node")
+        return [
+            {
+                **base,
+                "scheduling_strategy": NodeAffinitySchedulingStrategy(n["NodeID"], soft=False),
+            }
+            for n in nodes
+        ]
+
+    def _spawn(self, index: int, options: dict[str, Any], config: bytes) -> _Worker:
+        opts = dict(options)
+        worker_id = f"{self._name or 'worker'}-{index}-{uuid.uuid4().hex[:8]}"
+        if self._name is not None:
+            opts.update(name=f"{self._name}-{index}", get_if_exists=True)
+            if self._namespace is not None:
+                opts["namespace"] = self._namespace
+        handle = RolloutWorker.options(**opts).remote(
+            worker_id, config, self.concurrency, self._backend, self._agent, self._limiter
+        )
+        return _Worker(index, handle, options)
+
+    async def _aclose_trio(self, stop_workers: bool) -> None:
+        workers, self._workers = self._workers, []
+        self._started = False
+        if not stop_workers:
+            return
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + 30.0
+            refs = [(w, w.handle.close.remote()) for w in workers if w.state != "dead"]
+            for _, ref in refs:
+                try:
+                    await wait_ref(ref)
+                except ray.exceptions.RayError:
+                    pass
+        for w in workers:
+            ray.kill(w.handle)
+
+    # -- dispatch -----------------------------------------------------------------------------
+    def _notify(self) -> None:
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def _acquire(self) -> _Worker:
+        """A live worker with a free slot (the least loaded), its slot taken."""
+        while True:
+            live = [w for w in self._workers if w.state == "live"]
+            free = [w for w in live if w.running < self.concurrency]
+            if free:
+                worker = min(free, key=lambda w: w.running)
+                worker.running += 1
+                return worker
+            starting = [w for w in self._workers if w.state == "starting"]
+            if not live and not starting:
+                raise WorkerPoolError("no rollout worker is alive")
+            changed = self._changed
+            async with trio.open_nursery() as nursery:
+
+                async def watch(w: _Worker, nursery: trio.Nursery = nursery) -> None:
+                    try:
+                        w.mark_live(await wait_ref(w.ready_ref))
+                    except ray.exceptions.RayError as exc:
+                        logger.warning("replacement worker %d failed to start: %s", w.index, exc)
+                        w.state = "dead"
+                    nursery.cancel_scope.cancel()
+
+                async def wait_changed(nursery: trio.Nursery = nursery) -> None:
+                    await changed.wait()
+                    nursery.cancel_scope.cancel()
+
+                for w in starting:
+                    nursery.start_soon(watch, w)
+                nursery.start_soon(wait_changed)
+
+    def _release(self, worker: _Worker) -> None:
+        worker.running -= 1
+        self._notify()
+
+    def _died(self, worker: _Worker, error: BaseException) -> None:
+        if worker.state == "dead":
+            return
+        logger.warning("rollout worker %d died: %s", worker.index, error)
+        worker.state = "dead"
+        self.deaths += 1
+        try:
+            ray.kill(worker.handle)  # unreachable but alive must not keep running episodes
+        except Exception:
+            pass
+        if self._limiter is not None and worker.info is not None:
+            self._limiter.reclaim.remote(worker.info.worker_id)
+        if self._replace_dead and self._started:
+            index = max(w.index for w in self._workers) + 1
+            options = dict(worker.options)
+            strategy = options.get("scheduling_strategy")
+            if isinstance(strategy, NodeAffinitySchedulingStrategy):
+                # Its node may be gone: prefer it, but go anywhere.
+                options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                    strategy.node_id, soft=True
+                )
+            self._workers.append(self._spawn(index, options, encode_config(self.config)))
+        self._workers = [w for w in self._workers if w.state != "dead"]
+        self._notify()
+
+    async def _run_job(
+        self,
+        md: InstanceMetadata,
+        *,
+        batch: str,
+        worker: _Worker | None,
+        episode_id: str | None,
+        sampling_params: Mapping[str, Any] | None,
+        network: bool,
+        build_samples: bool,
+    ) -> tuple[bytes, EpisodeResult] | None:
+        """Run one episode on some worker, again elsewhere if that worker dies."""
+        params = dict(sampling_params) if sampling_params is not None else None
+        while True:
+            if worker is None:
+                worker = await self._acquire()
+            job = Job(
+                key=uuid.uuid4().hex,
+                batch=batch,
+                md=md,
+                episode_id=episode_id,
+                sampling_params=params,
+                network=network,
+                build_samples=build_samples,
+            )
+            try:
+                ref = worker.handle.run.remote(encode_job(job))
+                try:
+                    reply = await wait_ref(ref)
+                except trio.Cancelled:
+                    await cancel_and_wait(ref, timeout_sec=CANCEL_TIMEOUT_SEC)
+                    raise
+            except ray.exceptions.RayActorError as exc:
+                self._died(worker, exc)
+                self.reruns += 1
+                continue
+            finally:
+                self._release(worker)
+                worker = None
+            if not reply:
+                return None  # cancelled on the worker (a batch cancel from elsewhere)
+            return reply, decode_result(reply)
+
+    # -- public API ---------------------------------------------------------------------------
+    async def run_episode(
+        self,
+        md: InstanceMetadata,
+        *,
+        episode_id: str | None = None,
+        sampling_params: Mapping[str, Any] | None = None,
+        network: bool = True,
+        build_samples: bool = True,
+    ) -> EpisodeResult:
+        """One episode on the least loaded worker (again elsewhere if that worker dies)."""
+        fn = functools.partial(
+            self._run_one,
+            md,
+            episode_id=episode_id,
+            sampling_params=sampling_params,
+            network=network,
+            build_samples=build_samples,
+        )
+        if _in_asyncio():
+            return await aio.run(fn)
+        return await fn()
+
+    async def _run_one(self, md: InstanceMetadata, **kwargs: Any) -> EpisodeResult:
+        await self._start_trio()
+        out = await self._run_job(md, batch=uuid.uuid4().hex, worker=None, **kwargs)
+        if out is None:
+            raise WorkerPoolError(f"the episode of {md.instance_id} was cancelled on its worker")
+        return out[1]
+
+    def rollouts(
+        self,
+        instances: Iterable[InstanceMetadata],
+        *,
+        sampling_params: Mapping[str, Any] | None = None,
+        network: bool = True,
+        build_samples: bool = True,
+        episode_id: Callable[[InstanceMetadata], str] | None = None,
+        on_start: Callable[[InstanceMetadata], None] | None = None,
+        on_frame: Callable[[bytes, EpisodeResult], None] | None = None,
+    ) -> _Rollouts:
+        """Run one episode per instance across the workers; stream the results as they finish.
+
+        Same shape as :func:`trio_swe.run_rollouts`: an async context manager whose value is an
+        async iterator of results; leaving the block early (or cancelling it) cancels the
+        episodes still running and waits until their sandboxes are killed. Instances are pulled
+        lazily, when a worker has a free slot.
+
+        ``on_frame(frame, result)`` is called with each result's encoded frame (as a results
+        file stores it) before the result is handed out: ``ResultsWriter.write_frame`` appends it
+        without encoding it again.
+        """
+        return _Rollouts(
+            self,
+            instances,
+            dict(
+                sampling_params=sampling_params,
+                network=network,
+                build_samples=build_samples,
+            ),
+            episode_id,
+            on_start,
+            on_frame,
+        )
+
+    @asynccontextmanager
+    async def _rollouts_trio(
+        self,
+        instances: Iterable[InstanceMetadata],
+        options: dict[str, Any],
+        episode_id: Callable[[InstanceMetadata], str] | None,
+        on_start: Callable[[InstanceMetadata], None] | None,
+        on_frame: Callable[[bytes, EpisodeResult], None] | None,
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
+        await self._start_trio()
+        batch = uuid.uuid4().hex
+        send, receive = trio.open_memory_channel[EpisodeResult](math.inf)
+
+        async def one(
+            md: InstanceMetadata, worker: _Worker, out: trio.MemorySendChannel[EpisodeResult]
+        ) -> None:
+            async with out:
+                got = await self._run_job(
+                    md,
+                    batch=batch,
+                    worker=worker,
+                    episode_id=episode_id(md) if episode_id is not None else None,
+                    **options,
+                )
+                if got is not None:
+                    frame, result = got
+                    if on_frame is not None:
+                        on_frame(frame, result)
+                    await out.send(result)
+
+        async def drive(nursery: trio.Nursery) -> None:
+            async with send:
+                for md in instances:
+                    worker = await self._acquire()
+                    if on_start is not None:
+                        on_start(md)
+                    nursery.start_soon(one, md, worker, send.clone())
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(drive, nursery)
+                async with receive:
+                    yield receive
+                nursery.cancel_scope.cancel()
+        except BaseExceptionGroup as group:
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    # -- inspection ---------------------------------------------------------------------------
+    @property
+    def workers(self) -> list[WorkerInfo]:
+        """The live workers."""
+        return [w.info for w in self._workers if w.state == "live" and w.info is not None]
+
+    @property
+    def limiter(self) -> ray.actor.ActorHandle | None:
+        return self._limiter
+
+    def worker_handles(self) -> list[ray.actor.ActorHandle]:
+        """The live workers' actor handles (to ``ray.kill`` one in a test)."""
+        return [w.handle for w in self._workers if w.state == "live"]
+
+    async def worker_statistics(self) -> list[WorkerStatistics]:
+        """Each live worker's counters (its backend's among them)."""
+        return await self._call_async(self._worker_statistics_trio)
+
+    async def _worker_statistics_trio(self) -> list[WorkerStatistics]:
+        out = []
+        for w in self._workers:
+            if w.state != "live":
+                continue
+            raw = await wait_ref(w.handle.statistics.remote())
+            out.append(msgspec.msgpack.decode(raw, type=WorkerStatistics))
+        return out
+
+    async def limiter_statistics(self) -> LimiterStatistics | None:
+        """The limiter's snapshot (None without a limiter)."""
+        return await self._call_async(self._limiter_statistics_trio)
+
+    async def _limiter_statistics_trio(self) -> LimiterStatistics | None:
+        if self._limiter is None:
+            return None
+        raw = await wait_ref(self._limiter.statistics.remote())
+        return msgspec.msgpack.decode(raw, type=LimiterStatistics)
+
+    def statistics(self) -> Mapping[str, int]:
+        """``live``/``starting`` workers, ``running`` episodes, worker ``deaths``, ``reruns``."""
+        return {
+            "live": sum(1 for w in self._workers if w.state == "live"),
+            "starting": sum(1 for w in self._workers if w.state == "starting"),
+            "running": sum(w.running for w in self._workers),
+            "deaths": self.deaths,
+            "reruns": self.reruns,
+        }
+
+    async def _call_async(self, fn: Callable[[], Awaitable[T]]) -> T:
+        if _in_asyncio():
+            return await aio.run(fn)
+        return await fn()
+
+
+class _Rollouts:
+    """``pool.rollouts(...)``: an async context manager in trio and in asyncio alike."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        instances: Iterable[InstanceMetadata],
+        options: dict[str, Any],
+        episode_id: Callable[[InstanceMetadata], str] | None,
+        on_start: Callable[[InstanceMetadata], None] | None,
+        on_frame: Callable[[bytes, EpisodeResult], None] | None,
+    ) -> None:
+        self._args = (instances, options, episode_id, on_start, on_frame)
+        self._pool = pool
+        self._trio_cm: Any = None
+        self._task: asyncio.Task[None] | None = None
+        self._stream: Any = None
+
+    async def __aenter__(self) -> AsyncIterator[EpisodeResult]:
+        if not _in_asyncio():
+            self._trio_cm = self._pool._rollouts_trio(*self._args)
+            return await self._trio_cm.__aenter__()  # type: ignore[no-any-return]
+        self._stream = self._asyncio_stream()
+        return self._stream  # type: ignore[no-any-return]
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        if self._trio_cm is not None:
+            return await self._trio_cm.__aexit__(*exc)  # type: ignore[no-any-return]
+        if self._stream is not None:
+            await self._stream.aclose()
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        return None
+
+    async def _asyncio_stream(self) -> AsyncIterator[EpisodeResult]:
+        queue: asyncio.Queue[tuple[bool, EpisodeResult | None]] = asyncio.Queue()
+
+        async def pump() -> None:
+            async with self._pool._rollouts_trio(*self._args) as results:
+                async for result in results:
+                    queue.put_nowait((True, result))  # same thread: trio is asyncio's guest
+            queue.put_nowait((False, None))
+
+        task = self._task = asyncio.ensure_future(aio.run(pump))
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                task.result()
+                return
+            more, result = getter.result()
+            if not more:
+                return
+            assert result is not None
+            yield result
