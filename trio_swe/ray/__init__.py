@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in the t
 
 from ._leases import LeaseTable, LimiterStatistics
 from ._limiter import ClusterLimiter, LeasedBackend, LimiterClient, open_limiter
-from ._pool import WorkerPool, WorkerPoolError
+from ._pool import WorkerPool, WorkerPoolError, WorkerView
 from ._worker import RolloutWorker, WorkerInfo, WorkerStatistics
 
 __all__ = [
@@ -50,5 +50,6 @@ __all__ = [
     "WorkerPool",
     "WorkerPoolError",
     "WorkerStatistics",
+    "WorkerView",
     "open_limiter",
 ]

@@ -21,7 +21,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 import msgspec
 import ray
@@ -44,7 +44,7 @@ from ._limiter import open_limiter
 from ._wire import Job, encode_config, encode_job
 from ._worker import AgentFactory, BackendFactory, RolloutWorker, WorkerInfo, WorkerStatistics
 
-__all__ = ["WorkerPool", "WorkerPoolError"]
+__all__ = ["WorkerPool", "WorkerPoolError", "WorkerView"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +76,14 @@ class _Worker:
             self.state = "live"
 
 
+class WorkerView(NamedTuple):
+    """One live worker, as :meth:`WorkerPool.live_workers` lists it."""
+
+    info: WorkerInfo
+    handle: ray.actor.ActorHandle
+    running: int
+
+
 def _in_asyncio() -> bool:
     try:
         return sniffio.current_async_library() == "asyncio"
@@ -101,8 +109,8 @@ class WorkerPool:
         config: the episodes' configuration (:meth:`SweConfig.from_env` of the driver when None);
             shipped to the workers as msgpack.
         backend: ``"local"``, ``"e2b"`` (built on the worker, from its environment), or a
-            factory ``f(config) -> Backend | async context manager`` run in the worker's trio
-            run; default ``config.backend``.
+            factory ``f() -> Backend | async context manager`` run in the worker's trio run
+            (``functools.partial(LocalBackend, state_dir=...)``); default ``config.backend``.
         agent: an agent name from the registry, or a factory ``f(config) -> Agent`` run in the
             worker's trio run; default ``config.agent``.
         max_booting / max_alive: cluster-wide caps on sandboxes booting / alive at once, kept
@@ -504,9 +512,13 @@ class WorkerPool:
     def limiter(self) -> ray.actor.ActorHandle | None:
         return self._limiter
 
-    def worker_handles(self) -> list[ray.actor.ActorHandle]:
-        """The live workers' actor handles (to ``ray.kill`` one in a test)."""
-        return [w.handle for w in self._workers if w.state == "live"]
+    def live_workers(self) -> list[WorkerView]:
+        """The live workers: where they run, their actor handle, episodes running on each."""
+        return [
+            WorkerView(w.info, w.handle, w.running)
+            for w in self._workers
+            if w.state == "live" and w.info is not None
+        ]
 
     async def worker_statistics(self) -> list[WorkerStatistics]:
         """Each live worker's counters (its backend's among them)."""

@@ -43,9 +43,12 @@ from ._wire import decode_config, decode_job
 __all__ = ["AgentFactory", "BackendFactory", "RolloutWorker", "WorkerInfo"]
 
 #: Builds the worker's backend inside its trio run: a :class:`~trio_swe.sandbox.Backend`, or an
-#: async context manager yielding one (closed when the worker stops).
-BackendFactory = Callable[[SweConfig], Any]
-#: Builds the worker's agent inside its trio run (default: ``create_agent(config)``).
+#: async context manager yielding one (closed when the worker stops). Shipped to the worker by
+#: Ray (cloudpickle), so use importable callables, e.g.
+#: ``functools.partial(LocalBackend, state_dir="/scratch/trio_swe")``.
+BackendFactory = Callable[[], Any]
+#: Builds the worker's agent inside its trio run from the pool's config (default:
+#: ``create_agent(config)``).
 AgentFactory = Callable[[SweConfig], Agent]
 
 #: Seconds between heartbeats to the limiter (its holder TTL should be several of these).
@@ -87,7 +90,7 @@ async def _open_backend(
 
         yield LocalBackend()
         return
-    made = spec(config)
+    made = spec()
     if inspect.isawaitable(made):
         made = await made
     if hasattr(made, "__aenter__"):

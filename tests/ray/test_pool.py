@@ -1,0 +1,141 @@
+"""Rollouts on a two-node Ray cluster: demo rewards, a worker killed midway, a cancelled driver.
+
+Workers are pinned one per node with custom resources; their local backends keep their state
+under the test's directory, so leftovers (sandbox processes, state directories) can be checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import random
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_swe import EpisodeResult
+from trio_swe.demo import open_scripted_policy_server
+from trio_swe.sandbox.local import LocalBackend
+
+from ..test_episode_support import build_demo, demo_config, processes_mentioning
+
+ray = pytest.importorskip("ray")
+
+from trio_swe.ray import WorkerPool  # noqa: E402
+
+
+def make_pool(tmp_path: Path, policy_url: str, **kwargs: Any) -> WorkerPool:
+    options: dict[str, Any] = {
+        "resources": [{"node_a": 1}, {"node_b": 1}],
+        "concurrency": 3,
+        "config": demo_config(policy_url=policy_url),
+        "backend": functools.partial(LocalBackend, state_dir=str(tmp_path / "state")),
+        "max_booting": 2,
+        "max_alive": 4,
+        "limiter_name": f"limiter-{uuid.uuid4().hex[:8]}",
+    }
+    options.update(kwargs)
+    return WorkerPool(**options)
+
+
+async def assert_pool_clean(pool: WorkerPool, tmp_path: Path, dead_pids: set[int]) -> None:
+    """Nothing runs, no lease is out, no sandbox process is left (the dead workers' included)."""
+    for stats in await pool.worker_statistics():
+        assert stats.running == 0, stats
+        assert stats.backend["live"] == 0, stats
+    limits = await pool.limiter_statistics()
+    assert limits is not None
+    assert (limits.alive, limits.booting, limits.waiting) == (0, 0, 0), limits
+    assert limits.granted == limits.released + limits.reclaimed, limits
+    assert limits.peak_alive <= 4 and limits.peak_booting <= 2, limits
+    state = tmp_path / "state"
+    assert processes_mentioning(str(state)) == []
+    # A killed worker cannot clean its state directories; they hold no process (checked above)
+    # and the next backend on that state root sweeps them. Nobody else's may be left.
+    left = {int(p.name.split("-")[1]) for p in state.glob("sb-*")}
+    assert left <= dead_pids, (left, dead_pids)
+
+
+FULL = pytest.mark.skipif(
+    os.environ.get("TRIO_SWE_RAY_FULL") != "1",
+    reason="the heavier Ray suite runs in `nox -s ray` (TRIO_SWE_RAY_FULL=1)",
+)
+
+
+async def run_killing_the_busiest_worker(
+    pool: WorkerPool, mds: list[Any], killed: set[int]
+) -> list[EpisodeResult]:
+    """Run ``mds``; after the first result, ``ray.kill`` the worker with the most episodes."""
+    results: list[EpisodeResult] = []
+    async with pool.rollouts(mds, network=False) as stream:
+        async for result in stream:
+            results.append(result)
+            if not killed:
+                victim = max(pool.live_workers(), key=lambda w: w.running)
+                assert victim.running > 0
+                killed.add(victim.info.pid)
+                ray.kill(victim.handle)
+    return results
+
+
+async def run_cancelled_at(pool: WorkerPool, mds: list[Any], moment: float) -> int:
+    """Run ``mds`` and cancel the driver after ``moment`` seconds; how many had finished."""
+    finished = 0
+    with trio.move_on_after(moment) as scope:
+        async with pool.rollouts(mds, network=False) as stream:
+            async for _ in stream:
+                finished += 1
+    assert scope.cancelled_caught, f"all {len(mds)} finished within {moment:.1f}s"
+    return finished
+
+
+async def test_two_nodes_a_killed_worker_then_a_cancelled_driver(
+    ray_cluster: object, tmp_path: Path
+) -> None:
+    """The default run's Ray test (one cluster, one pool, three batches).
+
+    1. The demo across two workers pinned to two nodes, the busiest worker killed with
+       ``ray.kill`` after the first result: every instance exactly once with its scripted
+       reward, no sandbox left, the limiter's leases back to zero.
+    2. The driver cancelled at a random moment: nothing left, nothing leased.
+    3. The same pool (its workers live across batches) runs another batch.
+    """
+    demo, mds, _ = build_demo(tmp_path)
+    killed: set[int] = set()
+    async with open_scripted_policy_server(demo.scripts) as server:
+        async with make_pool(tmp_path, server.url) as pool:
+            assert len({w.info.node_id for w in pool.live_workers()}) == 2
+            results = await run_killing_the_busiest_worker(pool, mds, killed)
+            assert pool.statistics()["deaths"] == 1
+            assert pool.statistics()["reruns"] >= 1
+            await assert_pool_clean(pool, tmp_path, killed)
+            assert Counter(r.instance_id for r in results) == Counter(m.instance_id for m in mds)
+            assert {r.instance_id: r.reward for r in results} == demo.expected_rewards
+            assert all(r.status != "aborted" for r in results), [r.error for r in results]
+
+            moment = random.Random(os.getpid()).uniform(1.0, 4.0)
+            assert await run_cancelled_at(pool, mds * 2, moment) < 16
+            await assert_pool_clean(pool, tmp_path, killed)
+
+            async with pool.rollouts(mds[:2], network=False) as stream:
+                again = [r async for r in stream]
+            assert sorted(r.instance_id for r in again) == sorted(m.instance_id for m in mds[:2])
+        assert server.statistics()["active"] == 0
+
+
+@FULL
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_cancelling_the_driver_at_random_moments_leaves_nothing(
+    ray_cluster: object, tmp_path: Path, seed: int
+) -> None:
+    demo, mds, _ = build_demo(tmp_path)
+    async with open_scripted_policy_server(demo.scripts) as server:
+        async with make_pool(tmp_path, server.url) as pool:
+            moment = random.Random(seed).uniform(0.2, 6.0)
+            await run_cancelled_at(pool, mds * 2, moment)
+            await assert_pool_clean(pool, tmp_path, set())
+        assert server.statistics()["active"] == 0

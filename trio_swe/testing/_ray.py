@@ -1,0 +1,104 @@
+"""A Ray cluster on this machine that sends nothing off it: for tests, benchmarks and trials.
+
+Ray, left to itself, looks beyond the machine in three places, even with
+``RAY_USAGE_STATS_ENABLED=0`` and ``_node_ip_address="127.0.0.1"``:
+
+* to find its own address it "connects" a UDP socket towards a public resolver, and
+  ``ray.init(address="127.0.0.1:port")`` swaps the loopback address for the address found
+  that way (``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` makes it answer loopback instead);
+* the head's always-started API server asks the cloud metadata address (169.254.169.254) which
+  cloud it is on, unless ``~/ray_bootstrap_config.yaml`` exists (we give the cluster's
+  processes a ``HOME`` holding an empty one);
+* for a cluster not started by ``ray.init`` (``ray start``, ``Cluster``) it reports "usage
+  stats disabled" to Ray's server (``RAY_USAGE_STATS_REPORT_URL`` points it at a closed
+  loopback port).
+
+Checked with ``strace -f -e trace=connect,sendto,sendmsg``: no address but loopback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+__all__ = ["LOOPBACK", "RAY_LOOPBACK_ENV", "local_ray_cluster"]
+
+LOOPBACK = "127.0.0.1"
+
+#: Environment that keeps Ray on loopback (see the module docstring).
+RAY_LOOPBACK_ENV: Mapping[str, str] = {
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_REPORT_URL": f"http://{LOOPBACK}:9/",
+    "RAY_AUTH_MODE": "disabled",  # a loopback cluster; its processes get a HOME of their own
+}
+
+
+@contextlib.contextmanager
+def _environ(values: Mapping[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def local_ray_cluster(
+    nodes: Sequence[Mapping[str, float]] = ({"node_a": 100}, {"node_b": 100}),
+    *,
+    num_cpus: int = 2,
+    object_store_mb: int = 100,
+    namespace: str | None = None,
+) -> Iterator[Any]:
+    """Start a Ray cluster of ``len(nodes)`` nodes on loopback and connect this process to it.
+
+    Each node gets ``num_cpus`` CPUs and the custom resources of its entry in ``nodes`` (so
+    workers can be pinned to it). Yields the :class:`ray.cluster_utils.Cluster`; on exit this
+    process disconnects and every node is stopped. The Ray environment variables above stay set
+    in this process while the cluster runs (child processes such as ``trio-swe run --ray``
+    inherit them).
+    """
+    import ray
+    from ray._private import ray_constants
+    from ray.cluster_utils import Cluster
+
+    args: dict[str, Any] = {
+        "node_ip_address": LOOPBACK,
+        "include_dashboard": False,
+        "num_cpus": num_cpus,
+        "object_store_memory": object_store_mb * 1024 * 1024,
+    }
+    with tempfile.TemporaryDirectory(prefix="trio_swe-ray-home-") as home, _environ(RAY_LOOPBACK_ENV):
+        with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
+            f.write("{}\n")
+        with _environ({"HOME": home}):  # only the cluster's processes get this HOME
+            cluster = Cluster(
+                initialize_head=True, head_node_args={**args, "resources": dict(nodes[0])}
+            )
+            try:
+                for resources in nodes[1:]:
+                    cluster.add_node(**args, resources=dict(resources))
+            except BaseException:
+                cluster.shutdown()
+                raise
+        # Read from the environment when ray is first imported, which may have been earlier.
+        saved = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
+        try:
+            ray.init(address=cluster.address, _node_ip_address=LOOPBACK, namespace=namespace)
+            try:
+                yield cluster
+            finally:
+                ray.shutdown()
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = saved
+            cluster.shutdown()
