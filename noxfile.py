@@ -34,6 +34,14 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def ray(session: nox.Session) -> None:
+    """The whole Ray suite (the default run has one Ray test): faults, asyncio, e2b, CLI."""
+    session.env["TRIO_SWE_RAY_FULL"] = "1"
+    args = session.posargs or ["-q", "-n", "0", "-p", "no:randomly"]
+    session.run(PYTHON, "-m", "pytest", "tests/ray", *args)
+
+
+@nox.session(python=False)
 def lint(session: nox.Session) -> None:
     """ruff: lint and format check."""
     session.run(tool("ruff"), "check", *SRC)

@@ -51,7 +51,8 @@ async def assert_pool_clean(pool: WorkerPool, tmp_path: Path, dead_pids: set[int
     assert limits is not None
     assert (limits.alive, limits.booting, limits.waiting) == (0, 0, 0), limits
     assert limits.granted == limits.released + limits.reclaimed, limits
-    assert limits.peak_alive <= 4 and limits.peak_booting <= 2, limits
+    assert limits.peak_alive <= 4, limits
+    assert limits.peak_booting <= 2, limits
     state = tmp_path / "state"
     assert processes_mentioning(str(state)) == []
     # A killed worker cannot clean its state directories; they hold no process (checked above)
@@ -104,7 +105,9 @@ async def test_two_nodes_a_killed_worker_then_a_cancelled_driver(
     2. The driver cancelled at a random moment: nothing left, nothing leased.
     3. The same pool (its workers live across batches) runs another batch.
     """
-    demo, mds, _ = build_demo(tmp_path)
+    demo, all_mds, _ = build_demo(tmp_path)
+    mds = [md for md in all_mds if md.instance_id not in demo.timeouts]  # no 8 s tail
+    expected = {md.instance_id: demo.expected_rewards[md.instance_id] for md in mds}
     killed: set[int] = set()
     async with open_scripted_policy_server(demo.scripts) as server:
         async with make_pool(tmp_path, server.url) as pool:
@@ -114,11 +117,11 @@ async def test_two_nodes_a_killed_worker_then_a_cancelled_driver(
             assert pool.statistics()["reruns"] >= 1
             await assert_pool_clean(pool, tmp_path, killed)
             assert Counter(r.instance_id for r in results) == Counter(m.instance_id for m in mds)
-            assert {r.instance_id: r.reward for r in results} == demo.expected_rewards
+            assert {r.instance_id: r.reward for r in results} == expected
             assert all(r.status != "aborted" for r in results), [r.error for r in results]
 
             moment = random.Random(os.getpid()).uniform(1.0, 4.0)
-            assert await run_cancelled_at(pool, mds * 2, moment) < 16
+            assert await run_cancelled_at(pool, mds * 2, moment) < 2 * len(mds)
             await assert_pool_clean(pool, tmp_path, killed)
 
             async with pool.rollouts(mds[:2], network=False) as stream:

@@ -30,9 +30,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in the t
     class RayNotInstalledError(TrioSweError, ImportError):
         """trio_swe.ray needs the ``ray`` extra."""
 
-    raise RayNotInstalledError(
-        "trio_swe.ray needs Ray: pip install 'trio-swe[ray]'"
-    ) from exc
+    raise RayNotInstalledError("trio_swe.ray needs Ray: pip install 'trio-swe[ray]'") from exc
 
 from ._leases import LeaseTable, LimiterStatistics
 from ._limiter import ClusterLimiter, LeasedBackend, LimiterClient, open_limiter

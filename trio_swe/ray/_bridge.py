@@ -9,19 +9,22 @@ token. A cancelled waiter leaves the remote task alone: whoever owns it decides 
 from __future__ import annotations
 
 import concurrent.futures
-from typing import Any, TypeVar
+from typing import Any
 
 import ray
 import trio
 
-__all__ = ["cancel_and_wait", "wait_ref"]
-
-T = TypeVar("T")
+__all__ = ["ActorHandle", "ObjectRef", "cancel_and_wait", "wait_ref"]
 
 
-async def wait_ref(ref: ray.ObjectRef[T]) -> T:
+#: Ray's handles and refs, untyped here: their stubs type only what ``@ray.remote`` can see.
+ActorHandle = Any
+ObjectRef = Any
+
+
+async def wait_ref(ref: ObjectRef) -> Any:
     """The value of ``ref``; its task's exception is raised (``RayTaskError``, ``RayActorError``)."""
-    future: concurrent.futures.Future[T] = ref.future()
+    future: concurrent.futures.Future[Any] = ref.future()
     if not future.done():
         token = trio.lowlevel.current_trio_token()
         event = trio.Event()
@@ -37,7 +40,7 @@ async def wait_ref(ref: ray.ObjectRef[T]) -> T:
     return future.result()
 
 
-async def cancel_and_wait(ref: ray.ObjectRef[Any], *, timeout_sec: float) -> None:
+async def cancel_and_wait(ref: ObjectRef, *, timeout_sec: float) -> None:
     """``ray.cancel`` the task behind ``ref`` and wait (shielded, bounded) until it has ended.
 
     An async actor's task is cancelled as an asyncio task: the actor's cleanup (a trio episode

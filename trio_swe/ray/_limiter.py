@@ -22,7 +22,7 @@ import trio
 
 from .._errors import SandboxBootError
 from ..sandbox import Backend, Sandbox, SandboxSpec
-from ._bridge import wait_ref
+from ._bridge import ActorHandle, ObjectRef, wait_ref
 from ._leases import LeaseTable, LimiterStatistics
 
 __all__ = ["ClusterLimiter", "LeasedBackend", "LimiterClient", "open_limiter"]
@@ -72,7 +72,7 @@ class _Limiter:
         waiter = asyncio.get_running_loop().create_future()
         self._waiters[lease_id] = waiter
         try:
-            return await waiter
+            return bool(await waiter)
         except asyncio.CancelledError:
             self._waiters.pop(lease_id, None)
             self._wake(self._table.release(lease_id))
@@ -110,8 +110,8 @@ class _Limiter:
         return dict(self._table.per_holder())
 
 
-#: The limiter as a Ray actor class (async; no CPU of its own).
-ClusterLimiter = ray.remote(num_cpus=0, max_concurrency=100_000)(_Limiter)
+#: The limiter as a Ray actor class (async); :func:`open_limiter` starts or finds one.
+ClusterLimiter: Any = ray.remote(_Limiter)
 
 
 def open_limiter(
@@ -121,7 +121,7 @@ def open_limiter(
     holder_ttl_sec: float = 60.0,
     name: str | None = DEFAULT_LIMITER_NAME,
     namespace: str | None = None,
-) -> ray.actor.ActorHandle:
+) -> ActorHandle:
     """The cluster's limiter actor: the one named ``name`` if it exists, else a new one.
 
     ``name=None`` makes a private (unnamed) limiter. The caps of an existing limiter are kept.
@@ -131,21 +131,25 @@ def open_limiter(
         options.update(name=name, get_if_exists=True)
         if namespace is not None:
             options["namespace"] = namespace
-    return ClusterLimiter.options(**options).remote(max_booting, max_alive, holder_ttl_sec)
+    return (
+        ray.remote(_Limiter)
+        .options(num_cpus=0, max_concurrency=100_000, **options)
+        .remote(max_booting, max_alive, holder_ttl_sec)
+    )
 
 
-def limiter_statistics(handle: ray.actor.ActorHandle) -> LimiterStatistics:
+def limiter_statistics(handle: ActorHandle) -> LimiterStatistics:
     """A snapshot of the limiter (blocking; from a driver's thread, not from a trio task)."""
     import msgspec
 
-    raw = ray.get(handle.statistics.remote())
+    raw: bytes = ray.get(handle.statistics.remote())
     return msgspec.msgpack.decode(raw, type=LimiterStatistics)
 
 
 class LimiterClient:
     """A worker's side of the limiter: ask, mark booted, release; heartbeats."""
 
-    def __init__(self, handle: ray.actor.ActorHandle, holder: str) -> None:
+    def __init__(self, handle: ActorHandle, holder: str) -> None:
         self.handle = handle
         self.holder = holder
         self.waited_sec = 0.0
@@ -155,7 +159,7 @@ class LimiterClient:
         """Wait for a lease and return its id. Cancelling the wait drops the request."""
         lease_id = uuid.uuid4().hex
         t0 = time.monotonic()
-        ref = self.handle.acquire.remote(lease_id, self.holder)
+        ref: ObjectRef = self.handle.acquire.remote(lease_id, self.holder)
         try:
             granted = await wait_ref(ref)
         except BaseException:
@@ -253,4 +257,3 @@ class LeasedBackend:
         close = getattr(self._backend, "aclose", None)
         if close is not None:
             await close()
-

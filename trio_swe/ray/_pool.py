@@ -21,7 +21,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Literal, NamedTuple, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import msgspec
 import ray
@@ -38,7 +38,7 @@ from ..config import SweConfig
 from ..episode import EpisodeResult
 from ..grading import InstanceMetadata
 from ..results import decode_result
-from ._bridge import cancel_and_wait, wait_ref
+from ._bridge import ActorHandle, ObjectRef, cancel_and_wait, wait_ref
 from ._leases import LimiterStatistics
 from ._limiter import open_limiter
 from ._wire import Job, encode_config, encode_job
@@ -61,14 +61,14 @@ class WorkerPoolError(TrioSweError):
 class _Worker:
     """The driver's view of one worker."""
 
-    def __init__(self, index: int, handle: ray.actor.ActorHandle, options: dict[str, Any]):
+    def __init__(self, index: int, handle: ActorHandle, options: dict[str, Any]):
         self.index = index
         self.handle = handle
         self.options = options
-        self.ready_ref: ray.ObjectRef[bytes] = handle.ready.remote()
+        self.ready_ref: ObjectRef = handle.ready.remote()
         self.state: Literal["starting", "live", "dead"] = "starting"
         self.info: WorkerInfo | None = None
-        self.running = 0
+        self.running: int = 0
 
     def mark_live(self, raw: bytes) -> None:
         if self.state == "starting":
@@ -80,7 +80,7 @@ class WorkerView(NamedTuple):
     """One live worker, as :meth:`WorkerPool.live_workers` lists it."""
 
     info: WorkerInfo
-    handle: ray.actor.ActorHandle
+    handle: ActorHandle
     running: int
 
 
@@ -167,7 +167,7 @@ class WorkerPool:
         self._replace_dead = replace_dead
         self._runtime_env = dict(runtime_env) if runtime_env is not None else None
         self._workers: list[_Worker] = []
-        self._limiter: ray.actor.ActorHandle | None = None
+        self._limiter: ActorHandle | None = None
         self._changed = trio.Event()
         self._started = False
         self.reruns = 0
@@ -241,7 +241,7 @@ class WorkerPool:
             return [{**base, "resources": dict(r)} for r in self._resources]
         if self._n_workers is not None:
             return [{**base, "scheduling_strategy": "SPREAD"} for _ in range(self._n_workers)]
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        nodes = [n for n in cast(list[dict[str, Any]], ray.nodes()) if n.get("Alive")]  # type: ignore[no-untyped-call]
         if not nodes:
             raise WorkerPoolError("the Ray cluster has no alive node")
         return [
@@ -271,8 +271,8 @@ class WorkerPool:
             return
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + 30.0
-            refs = [(w, w.handle.close.remote()) for w in workers if w.state != "dead"]
-            for _, ref in refs:
+            refs: list[ObjectRef] = [w.handle.close.remote() for w in workers if w.state != "dead"]
+            for ref in refs:
                 try:
                     await wait_ref(ref)
                 except ray.exceptions.RayError:
@@ -297,7 +297,6 @@ class WorkerPool:
             starting = [w for w in self._workers if w.state == "starting"]
             if not live and not starting:
                 raise WorkerPoolError("no rollout worker is alive")
-            changed = self._changed
             async with trio.open_nursery() as nursery:
 
                 async def watch(w: _Worker, nursery: trio.Nursery = nursery) -> None:
@@ -308,7 +307,9 @@ class WorkerPool:
                         w.state = "dead"
                     nursery.cancel_scope.cancel()
 
-                async def wait_changed(nursery: trio.Nursery = nursery) -> None:
+                async def wait_changed(
+                    nursery: trio.Nursery = nursery, changed: trio.Event = self._changed
+                ) -> None:
                     await changed.wait()
                     nursery.cancel_scope.cancel()
 
@@ -371,7 +372,7 @@ class WorkerPool:
                 build_samples=build_samples,
             )
             try:
-                ref = worker.handle.run.remote(encode_job(job))
+                ref: ObjectRef = worker.handle.run.remote(encode_job(job))
                 try:
                     reply = await wait_ref(ref)
                 except trio.Cancelled:
@@ -509,7 +510,7 @@ class WorkerPool:
         return [w.info for w in self._workers if w.state == "live" and w.info is not None]
 
     @property
-    def limiter(self) -> ray.actor.ActorHandle | None:
+    def limiter(self) -> ActorHandle | None:
         return self._limiter
 
     def live_workers(self) -> list[WorkerView]:
@@ -525,11 +526,11 @@ class WorkerPool:
         return await self._call_async(self._worker_statistics_trio)
 
     async def _worker_statistics_trio(self) -> list[WorkerStatistics]:
-        out = []
+        out: list[WorkerStatistics] = []
         for w in self._workers:
             if w.state != "live":
                 continue
-            raw = await wait_ref(w.handle.statistics.remote())
+            raw: bytes = await wait_ref(w.handle.statistics.remote())
             out.append(msgspec.msgpack.decode(raw, type=WorkerStatistics))
         return out
 
@@ -540,7 +541,7 @@ class WorkerPool:
     async def _limiter_statistics_trio(self) -> LimiterStatistics | None:
         if self._limiter is None:
             return None
-        raw = await wait_ref(self._limiter.statistics.remote())
+        raw: bytes = await wait_ref(self._limiter.statistics.remote())
         return msgspec.msgpack.decode(raw, type=LimiterStatistics)
 
     def statistics(self) -> Mapping[str, int]:

@@ -24,19 +24,20 @@ import contextlib
 import inspect
 import os
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 import ray
 import trio
 
 from .. import aio
-from .._close import agent_closer, close_quietly
+from .._close import aclose_quietly
 from ..agents import Agent, create_agent
 from ..config import SweConfig
 from ..episode import run_episode
 from ..results import encode_result
 from ..sandbox import Backend
+from ._bridge import ActorHandle
 from ._limiter import LeasedBackend, LimiterClient
 from ._wire import decode_config, decode_job
 
@@ -76,9 +77,7 @@ class WorkerStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @contextlib.asynccontextmanager
-async def _open_backend(
-    spec: Union[str, BackendFactory], config: SweConfig
-) -> AsyncIterator[Backend]:
+async def _open_backend(spec: str | BackendFactory, config: SweConfig) -> AsyncIterator[Backend]:
     if isinstance(spec, str):
         if spec == "e2b":
             from ..sandbox.e2b import E2BBackend
@@ -108,14 +107,14 @@ class _Worker:
         worker_id: str,
         config: bytes,
         concurrency: int,
-        backend: Union[str, BackendFactory, None] = None,
-        agent: Union[str, AgentFactory, None] = None,
-        limiter: ray.actor.ActorHandle | None = None,
+        backend: str | BackendFactory | None = None,
+        agent: str | AgentFactory | None = None,
+        limiter: ActorHandle | None = None,
     ) -> None:
         self._id = worker_id
         self._config = decode_config(config)
         self._concurrency = concurrency
-        self._backend_spec: Union[str, BackendFactory] = backend or self._config.backend
+        self._backend_spec: str | BackendFactory = backend or self._config.backend
         self._agent_spec = agent
         self._limiter = limiter
         self._host: asyncio.Task[None] | None = None
@@ -146,14 +145,12 @@ class _Worker:
         cfg = self._config
         self._stop = trio.Event()
         try:
-            async with trio.open_nursery() as nursery, _open_backend(
-                self._backend_spec, cfg
-            ) as backend:
+            async with (
+                trio.open_nursery() as nursery,
+                _open_backend(self._backend_spec, cfg) as backend,
+            ):
                 agent_spec = self._agent_spec
-                if callable(agent_spec):
-                    agent = agent_spec(cfg)
-                else:
-                    agent = create_agent(cfg, agent_spec)
+                agent = agent_spec(cfg) if callable(agent_spec) else create_agent(cfg, agent_spec)
                 try:
                     if self._limiter is not None:
                         client = LimiterClient(self._limiter, self._id)
@@ -167,7 +164,7 @@ class _Worker:
                     await self._stop.wait()
                     nursery.cancel_scope.cancel()
                 finally:
-                    await close_quietly([agent_closer(agent)], timeout_sec=30.0)
+                    await aclose_quietly([agent], timeout_sec=30.0)
         except BaseException as exc:
             if self._host_ready is not None and not self._host_ready.done():
                 self._host_ready.set_exception(
@@ -222,7 +219,9 @@ class _Worker:
     # -- trio side ----------------------------------------------------------------------------
     async def _episode(self, raw: bytes) -> bytes:
         job = decode_job(raw)
-        assert self._slots is not None and self._backend is not None and self._agent is not None
+        assert self._slots is not None
+        assert self._backend is not None
+        assert self._agent is not None
         scopes = self._batches.setdefault(job.batch, {})
         done = trio.Event()
         self._idle[job.key] = done
@@ -269,4 +268,4 @@ async def _set(event: trio.Event) -> None:
 
 
 #: The worker as a Ray actor class; the pool sets its resources and placement.
-RolloutWorker = ray.remote(_Worker)
+RolloutWorker: Any = ray.remote(_Worker)

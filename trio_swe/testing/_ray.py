@@ -77,7 +77,10 @@ def local_ray_cluster(
         "num_cpus": num_cpus,
         "object_store_memory": object_store_mb * 1024 * 1024,
     }
-    with tempfile.TemporaryDirectory(prefix="trio_swe-ray-home-") as home, _environ(RAY_LOOPBACK_ENV):
+    with (
+        tempfile.TemporaryDirectory(prefix="trio_swe-ray-home-") as home,
+        _environ(RAY_LOOPBACK_ENV),
+    ):
         with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
             f.write("{}\n")
         with _environ({"HOME": home}):  # only the cluster's processes get this HOME
@@ -88,7 +91,7 @@ def local_ray_cluster(
                 for resources in nodes[1:]:
                     cluster.add_node(**args, resources=dict(resources))
             except BaseException:
-                cluster.shutdown()
+                cluster.shutdown()  # type: ignore[no-untyped-call]
                 raise
         # Read from the environment when ray is first imported, which may have been earlier.
         saved = ray_constants.ENABLE_RAY_CLUSTER
@@ -101,4 +104,4 @@ def local_ray_cluster(
                 ray.shutdown()
         finally:
             ray_constants.ENABLE_RAY_CLUSTER = saved
-            cluster.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]
