@@ -19,7 +19,12 @@ from typing import IO, Any
 
 import trio
 
-from ..._errors import BackendUnavailableError, SandboxBootError, SandboxError
+from ..._errors import (
+    BackendUnavailableError,
+    PermanentBootError,
+    SandboxBootError,
+    SandboxError,
+)
 from .._types import ResourceLimits, SandboxSpec
 from .._validate import check_abs_path, check_env
 from ..local._image import ImageCache, split_image
@@ -282,7 +287,9 @@ class DockerBackend:
                 try:
                     await engine.pull(from_image, tag, progress, self._on_progress)
                 except SandboxError as exc:
-                    raise SandboxBootError(f"cannot pull docker image {ref!r}: {exc}") from exc
+                    unknown = "not found" in str(exc) or "manifest unknown" in str(exc)
+                    kind = PermanentBootError if unknown else SandboxBootError
+                    raise kind(f"cannot pull docker image {ref!r}: {exc}") from exc
             if scope.cancelled_caught:
                 raise SandboxBootError(f"pulling {ref!r} took over {self._pull_timeout:g} s")
             if await engine.image_inspect(ref) is None:

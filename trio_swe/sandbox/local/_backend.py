@@ -21,6 +21,9 @@ from ..._errors import BackendUnavailableError, PermanentBootError, SandboxBootE
 from .._images import ImageMap, ImageSource
 from .._types import SandboxSpec
 from .._validate import check_abs_path
+from ..oci import OciImage, OciStore, is_oci_image
+from ..oci._manifest import env_mapping
+from ..oci._unpack import read_file_in
 from ._image import ImageCache, check_local_image
 from ._rootfs import plan_root_args, workdir_problem
 from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
@@ -122,6 +125,15 @@ class LocalBackend(trio.abc.AsyncResource):
             instance id -> image, or a function of the instance metadata returning one (None:
             the row's own image). E.g. ``trio_swe.grading.local_checkouts("/src")`` boots
             SWE-bench rows from ``/src/<owner>__<name>@<base_commit>``.
+        oci_cache_dir: the cache of unpacked OCI image layers, shared by every sandbox and
+            backend that names it (default ``<state_dir>/oci``).
+        plain_http_registries: registries (``host:port``) pulled over plain HTTP; loopback
+            ones always are.
+
+    Images: a directory or ``path@commit`` is shown at the workdir over the host's root; an
+    OCI image (``registry/name:tag``, ``name@sha256:...``, ``oci:DIR[:TAG]``,
+    ``docker-archive:FILE``) is pulled without a daemon, unpacked once into the layer cache and
+    becomes the sandbox's whole root, copy-on-write (it needs overlayfs).
 
     Raises:
         BackendUnavailableError: on first use, if bubblewrap or util-linux is missing.
@@ -141,6 +153,8 @@ class LocalBackend(trio.abc.AsyncResource):
         max_concurrent_boots: int = 8,
         boot_timeout_sec: float = 60.0,
         images: ImageSource | None = None,
+        oci_cache_dir: str | os.PathLike[str] | None = None,
+        plain_http_registries: Sequence[str] = (),
     ) -> None:
         self.image_for = ImageMap(images)
         self._boot_limiter = trio.CapacityLimiter(max_concurrent_boots)
@@ -167,6 +181,10 @@ class LocalBackend(trio.abc.AsyncResource):
         )
         self._env = dict(env or {})
         self._images = ImageCache(self._root / "images")
+        self._oci = OciStore(
+            Path(oci_cache_dir) if oci_cache_dir is not None else self._root / "oci",
+            plain_http=plain_http_registries,
+        )
         self._overlay_ok: bool | None = None
         self._counter = itertools.count()
         self._live: set[LocalSandbox] = set()
@@ -180,14 +198,22 @@ class LocalBackend(trio.abc.AsyncResource):
     def check_image(self, image: str, *, commit: str | None = None) -> str | None:
         """Why ``image`` cannot boot here, or None: a directory, or ``path@commit`` of a git
         repository that has the commit; with ``commit`` (the row's ``base_commit``), the
-        image's checkout must be that commit. Runs ``git rev-parse`` (milliseconds)."""
+        image's checkout must be that commit. Runs ``git rev-parse`` (milliseconds). An OCI
+        image reference passes: its commit is only known once it is pulled."""
+        if is_oci_image(image):
+            return None
         return check_local_image(image, commit)
 
     def statistics(self) -> Mapping[str, Any]:
         mode = {True: "overlay", False: "copy", None: "unknown"}[self._overlay_ok]
         if self._workspace == "copy":
             mode = "copy"
-        return {**self._stats, "live": len(self._live), "workspace_mode": mode}
+        return {
+            **self._stats,
+            "live": len(self._live),
+            "workspace_mode": mode,
+            "oci": self._oci.statistics(),
+        }
 
     # -- checks -------------------------------------------------------------------------------
     def _check_tools(self) -> None:
@@ -246,10 +272,20 @@ class LocalBackend(trio.abc.AsyncResource):
     # -- boot -------------------------------------------------------------------------------
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> LocalSandbox:
         """Boot a sandbox; see :func:`trio_swe.open_sandbox`."""
+        oci: OciImage | None = None
+        if is_oci_image(spec.image):
+            # Pulled (or found in the shared cache) before taking a boot slot: a pull can be long.
+            try:
+                oci = await self._oci.get(spec.image)
+            except BaseException:
+                self._stats["boot_failures"] += 1
+                raise
         async with self._boot_limiter:
-            return await self._boot(spec, nursery)
+            return await self._boot(spec, nursery, oci)
 
-    async def _boot(self, spec: SandboxSpec, nursery: trio.Nursery) -> LocalSandbox:
+    async def _boot(
+        self, spec: SandboxSpec, nursery: trio.Nursery, oci: OciImage | None = None
+    ) -> LocalSandbox:
         self._check_tools()
         workdir = check_abs_path(spec.workdir, what="workdir")
         problem = workdir_problem(posixpath.normpath(workdir))
@@ -259,21 +295,34 @@ class LocalBackend(trio.abc.AsyncResource):
         self._root.mkdir(parents=True, exist_ok=True)
         if self._stats["created"] == 0 and self._stats["boot_failures"] == 0:
             await trio.to_thread.run_sync(self._sweep_stale)
-        lower = await self._images.resolve(spec.image)
-        if not lower.is_dir():
-            raise PermanentBootError(f"local image {spec.image!r}: {lower} is not a directory")
+        lower = None
+        if oci is None:
+            lower = await self._images.resolve(spec.image)
+            if not lower.is_dir():
+                raise PermanentBootError(f"local image {spec.image!r}: {lower} is not a directory")
         use_overlay = self._workspace != "copy" and await self._probe_overlay()
         if self._workspace == "overlay" and not use_overlay:
             raise SandboxBootError("workspace='overlay' but overlayfs cannot be mounted here")
+        if oci is not None and not use_overlay:
+            raise SandboxBootError(
+                f"OCI image {spec.image!r}: booting an image root needs overlayfs "
+                f"(workspace={self._workspace!r}; overlay mountable: {self._overlay_ok})"
+            )
 
         sid = f"sb-{os.getpid()}-{next(self._counter)}-{os.urandom(3).hex()}"
         state = self._root / sid
         bwrap: trio.Process | None = None
         try:
             state.mkdir()
-            argv, users, base_env = await trio.to_thread.run_sync(
-                self._prepare, state, lower, workdir, spec, use_overlay
-            )
+            if oci is not None:
+                argv, users, base_env = await trio.to_thread.run_sync(
+                    self._prepare_oci, state, oci, workdir, spec
+                )
+            else:
+                assert lower is not None
+                argv, users, base_env = await trio.to_thread.run_sync(
+                    self._prepare, state, lower, workdir, spec, use_overlay
+                )
             info_r, info_w = os.pipe()
             argv = [str(info_w) if a == "{INFO_FD}" else a for a in argv]
             try:
@@ -308,6 +357,7 @@ class LocalBackend(trio.abc.AsyncResource):
                 base_env=base_env,
                 network=spec.network,
                 workspace_mode="overlay" if use_overlay else "copy",
+                image_root=oci is not None,
                 boot_sec=time.monotonic() - t0,
                 on_close=self._closed,
             )
@@ -420,6 +470,67 @@ class LocalBackend(trio.abc.AsyncResource):
             ]
         else:
             argv = bwrap
+        return argv, {"root": ROOT, agent.name: agent}, base_env
+
+    def _prepare_oci(
+        self, state: Path, oci: OciImage, workdir: str, spec: SandboxSpec
+    ) -> tuple[list[str], dict[str, Any], dict[str, str]]:
+        """Lay out a sandbox whose root is an OCI image: its layers overlaid, copy-on-write.
+
+        The image is the whole root (the host's is not shown): the layers are the overlay's
+        lower directories, shared read-only by every sandbox, and the sandbox writes into an
+        upper directory of its own. ``ro_binds`` still bind host paths into it.
+        """
+        top_first = list(reversed(oci.layers))
+        image_passwd = read_file_in(top_first, "etc/passwd") or "root:x:0:0:root:/root:/bin/sh\n"
+        image_group = read_file_in(top_first, "etc/group") or "root:x:0:\n"
+        agent = pick_agent_user(image_passwd)
+        (state / "passwd").write_text(passwd_with(image_passwd, agent))
+        (state / "group").write_text(group_with(image_group, agent))
+        home = state / "home-agent"
+        home.mkdir()
+        os.chown(home, agent.uid, agent.gid)
+        for sub in ("upper", "work", "merged", "l"):
+            (state / sub).mkdir()
+        # Short names keep the mount options under a page whatever the cache's path.
+        names = []
+        for i, layer in enumerate(top_first):
+            (state / "l" / str(i)).symlink_to(layer)
+            names.append(str(state / "l" / str(i)))
+        if len(names) == 1:  # overlayfs wants two lower layers, or an upper one
+            (state / "l" / "empty").mkdir()
+            names.append(str(state / "l" / "empty"))
+        rel = workdir.lstrip("/")
+        if not any(os.path.lexists(layer / rel) for layer in top_first):
+            (state / "upper" / rel).mkdir(parents=True)
+        merged = str(state / "merged")
+        bwrap = ["bwrap", "--bind", merged, "/", "--dev", "/dev", "--proc", "/proc"]
+        bwrap += ["--perms", "1777", "--tmpfs", "/tmp"]
+        bwrap += ["--ro-bind", str(state / "passwd"), "/etc/passwd"]
+        bwrap += ["--ro-bind", str(state / "group"), "/etc/group"]
+        bwrap += ["--bind", str(home), agent.home]
+        for target, host in self._ro_binds.items():
+            bwrap += ["--ro-bind", host, target]
+        bwrap += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
+        if not spec.network:
+            bwrap.append("--unshare-net")
+        bwrap += ["--info-fd", "{INFO_FD}", "--chdir", workdir, "--cap-add", "CAP_KILL"]
+        bwrap += ["/bin/sh", "-c", "echo ready; cat >/dev/null; kill -KILL -1"]
+        env = env_mapping(oci.config.env)
+        base_env = {
+            "PATH": env.pop("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+            **env,
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "safe.directory",
+            "GIT_CONFIG_VALUE_0": "*",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **self._env,
+            **dict(spec.env),
+        }
+        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c"]
+        argv += [_OVERLAY_THEN_EXEC, "boot", ":".join(names)]
+        argv += [str(state / "upper"), str(state / "work"), merged, *bwrap]
         return argv, {"root": ROOT, agent.name: agent}, base_env
 
 

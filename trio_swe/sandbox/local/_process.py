@@ -49,14 +49,21 @@ def nsenter_argv(
     cwd: str,
     network_ns: bool,
     env: Mapping[str, str],
+    image_root: bool = False,
 ) -> list[str]:
     """The host command that runs ``argv`` as ``user`` in ``cwd`` inside the sandbox, with
-    exactly the environment ``env`` (applied by ``env -i`` after the namespaces are entered)."""
+    exactly the environment ``env`` (applied by ``env -i`` after the namespaces are entered).
+
+    ``image_root``: the sandbox's root is an image, which may lack ``setpriv``; nsenter itself
+    then drops to the user (primary group only, which is all the sandbox's users have).
+    """
     out = [tool_path("nsenter"), "-t", str(init_pid), "-m", "-p", "-u", "-i"]
     if network_ns:
         out.append("-n")
+    if image_root and user.uid != 0:
+        out += [f"--setgid={user.gid}", f"--setuid={user.uid}"]
     out += ["-r", f"--wdns={cwd}", "--"]
-    if user.uid != 0:
+    if user.uid != 0 and not image_root:
         out += [tool_path("setpriv"), f"--reuid={user.uid}", f"--regid={user.gid}", "--init-groups"]
     out += [tool_path("env"), "-i", *(f"{k}={v}" for k, v in env.items())]
     return out + list(argv)

@@ -52,6 +52,7 @@ class LocalSandbox:
         base_env: Mapping[str, str],
         network: bool,
         workspace_mode: str,
+        image_root: bool = False,
         boot_sec: float,
         on_close: Any = None,
     ) -> None:
@@ -65,6 +66,7 @@ class LocalSandbox:
         self._base_env = dict(base_env)
         self._own_netns = not network
         self._workspace_mode = workspace_mode
+        self._image_root = image_root
         self._on_close = on_close
         self._dead = trio.Event()
         self._killed = False
@@ -163,6 +165,7 @@ class LocalSandbox:
             user=who,
             cwd=workdir,
             network_ns=self._own_netns,
+            image_root=self._image_root,
             env=self._env(who, env),
         )
         proc = await start_local_process(
