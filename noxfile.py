@@ -55,6 +55,19 @@ def typecheck(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def docker(session: nox.Session) -> None:
+    """Every Docker/OCI test: the backend-agnostic suites on DockerBackend in full, and the
+    heavier cases (the default run keeps a few). Starts its own dockerd and registry."""
+    args = session.posargs or ["-q", "-n", "2", "-p", "no:randomly"]
+    session.run(
+        PYTHON, "-m", "pytest", *args,
+        "tests/sandbox/test_detached.py", "tests/sandbox/test_docker.py",
+        "tests/sandbox/test_oci.py", "tests/grading/test_grade_docker.py",
+        env={"TRIO_SWE_DOCKER_FULL": "1"},
+    )  # fmt: skip
+
+
+@nox.session(python=False)
 def bench(session: nox.Session) -> None:
     """All benchmarks; each prints ratios against a baseline measured in the same run."""
     session.run(PYTHON, "-m", "bench", *session.posargs)

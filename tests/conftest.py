@@ -66,7 +66,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         callspec = getattr(item, "callspec", None)
         on_docker = callspec is not None and callspec.params.get("backend") == "docker"
         name = getattr(item, "originalname", item.name)
-        (drop if on_docker and name not in DOCKER_DEFAULT_RUN else keep).append(item)
+        heavy = on_docker and name not in DOCKER_DEFAULT_RUN
+        (drop if heavy or item.get_closest_marker("docker_full") else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
