@@ -70,10 +70,11 @@ def test_bad_values_name_the_variable(var: str, value: str) -> None:
 
 
 def test_unknown_backend_names_the_choices_at_load_and_at_construction() -> None:
-    with pytest.raises(ConfigError, match=r"SWE_BACKEND='docker'.*'local', 'e2b'"):
-        SweConfig.from_env({"SWE_BACKEND": "docker", "SWE_BOOT_CONCURRENCY": "0"})
-    with pytest.raises(ConfigError, match=r"backend 'docker'.*'local', 'e2b'"):
-        SweConfig(backend="docker")
+    with pytest.raises(ConfigError, match=r"SWE_BACKEND='podman'.*'local', 'e2b', 'docker'"):
+        SweConfig.from_env({"SWE_BACKEND": "podman", "SWE_BOOT_CONCURRENCY": "0"})
+    with pytest.raises(ConfigError, match=r"backend 'podman'.*'local', 'e2b', 'docker'"):
+        SweConfig(backend="podman")
+    assert SweConfig.from_env({"SWE_BACKEND": "docker"}).backend == "docker"
 
 
 def test_unknown_protocol_fails_when_loaded() -> None:

@@ -229,6 +229,11 @@ async def _open_backend(name: str) -> AsyncIterator[Backend]:
 
         async with E2BBackend() as backend:
             yield backend
+    elif name == "docker":
+        from .sandbox.docker import DockerBackend
+
+        async with DockerBackend() as backend:  # DOCKER_HOST, else /var/run/docker.sock
+            yield backend
     else:
         choices = ", ".join(repr(n) for n in BACKENDS)
         raise ConfigError(f"--backend {name!r}: choose one of {choices}")

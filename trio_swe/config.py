@@ -10,7 +10,7 @@ Environment variables (defaults in brackets):
 variable                       meaning                                                  default
 =============================  ======================================================  =========
 ``SWE_BACKEND``                sandbox backend of ``generate()`` and ``trio-swe run``   local
-                               (``local`` or ``e2b``)
+                               (``local``, ``e2b`` or ``docker``)
 ``SWE_TRAIN_PROTOCOL``         grading protocol of training episodes                    scaleswe
 ``SWE_EVAL_PROTOCOL``          grading protocol of evaluation episodes                  scaleswe
 ``SWE_AGENT``                  agent name in the registry (``trio_swe.agents``)         bash
@@ -51,7 +51,7 @@ from ._errors import ConfigError
 __all__ = ["BACKENDS", "SweConfig"]
 
 #: The values ``SWE_BACKEND`` accepts.
-BACKENDS: tuple[str, ...] = ("local", "e2b")
+BACKENDS: tuple[str, ...] = ("local", "e2b", "docker")
 
 
 class SweConfig(msgspec.Struct, frozen=True, kw_only=True):

@@ -52,6 +52,7 @@ class _RunShared:
         self.users = 0
         self.agents: dict[tuple[str, str, str, str], Agent] = {}
         self.e2b: Backend | None = None
+        self.docker: Backend | None = None
 
     def agent(self, config: SweConfig, url: str) -> Agent:
         key = (config.agent, url, config.tokenizer, config.tool_parser)
@@ -66,6 +67,12 @@ class _RunShared:
 
                 self.e2b = E2BBackend()  # E2B_* and SSL_CERT_FILE from the environment
             return self.e2b
+        if name == "docker":
+            if self.docker is None:
+                from ..sandbox.docker import DockerBackend
+
+                self.docker = DockerBackend()  # DOCKER_HOST, else /var/run/docker.sock
+            return self.docker
         if not _LOCAL_BACKEND:
             from ..sandbox.local import LocalBackend
 
@@ -73,8 +80,8 @@ class _RunShared:
         return _LOCAL_BACKEND[0]
 
     async def aclose(self) -> None:
-        resources: list[Backend | Agent | None] = [*self.agents.values(), self.e2b]
-        self.agents, self.e2b = {}, None
+        resources: list[Backend | Agent | None] = [*self.agents.values(), self.e2b, self.docker]
+        self.agents, self.e2b, self.docker = {}, None, None
         await aclose_quietly(resources, timeout_sec=30.0)
 
 
@@ -166,7 +173,8 @@ async def generate(
 
     The protocol is ``SWE_EVAL_PROTOCOL`` when ``evaluation`` else ``SWE_TRAIN_PROTOCOL``; the
     agent is ``SWE_AGENT`` (the bash agent calls SGLang at ``args.sglang_router_ip:port``); the
-    backend is ``SWE_BACKEND``: ``local``, or ``e2b`` (:class:`~trio_swe.E2BBackend` configured
+    backend is ``SWE_BACKEND``: ``local``, ``docker`` (:class:`~trio_swe.DockerBackend` on
+    ``DOCKER_HOST``, its connections shared like E2B's), or ``e2b`` (:class:`~trio_swe.E2BBackend` configured
     from ``E2B_API_KEY``, ``E2B_API_URL``, ``E2B_SANDBOX_URL``, ``E2B_DOMAIN``, ``SSL_CERT_FILE``;
     its connections are shared by the calls running at once and closed by the last one out).
     Returns a list of slime samples (copies of ``sample`` with our fields set), or one aborted

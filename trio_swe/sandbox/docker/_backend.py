@@ -46,6 +46,10 @@ log = logging.getLogger("trio_swe.docker")
 
 # The image's own ENV comes first; these only fill in what is commonly wanted on top.
 _BASE_ENV = {
+    # Trees copied in (and images) are owned by root; let `agent` run git in them anyway.
+    "GIT_CONFIG_COUNT": "1",
+    "GIT_CONFIG_KEY_0": "safe.directory",
+    "GIT_CONFIG_VALUE_0": "*",
     "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
@@ -118,7 +122,7 @@ class DockerBackend:
             ``tcp://127.0.0.1:2375``); default ``$DOCKER_HOST``, else ``/var/run/docker.sock``.
         base_image: lets a host directory or ``path@commit`` stand as the image (as on the local
             backend): the container is made from ``base_image`` and the tree is copied to the
-            workdir. ``None``: such images are refused.
+            workdir. Default ``$SWE_DOCKER_BASE_IMAGE``; unset: such images are refused.
         network_mode: the network of sandboxes whose spec allows network (``spec.network``);
             ``"none"`` (the default) keeps every sandbox off the network.
         limits: resource limits of sandboxes whose spec has none.
@@ -161,7 +165,7 @@ class DockerBackend:
         if pull not in ("missing", "never"):
             raise SandboxError(f"pull must be 'missing' or 'never', got {pull!r}")
         self.endpoint = endpoint_from(host if host is not None else os.environ.get("DOCKER_HOST"))
-        self.base_image = base_image
+        self.base_image = base_image or os.environ.get("SWE_DOCKER_BASE_IMAGE") or None
         self.network_mode = network_mode
         self.limits = limits
         self._env = {**_BASE_ENV, **check_env(env)}
