@@ -1,0 +1,220 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``): request to :class:`Conversation`,
+reply to JSON or SSE chunks (with ``stream_options.include_usage``), errors in OpenAI's shape
+(sans-IO).
+
+Quirks handled: ``developer`` messages (as system), content as a list of parts (Qwen Code's tool
+results), ``content: null`` or ``""`` on assistant messages with tool calls, arguments as JSON
+strings re-serialised by the client (compact), ``reasoning_content`` replayed, non-function tools
+dropped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ._common import (
+    ApiError,
+    Conversation,
+    Message,
+    Reply,
+    decode_json_object,
+    function_tool,
+    parse_arguments,
+    positive_int,
+    ref_of_id,
+    sse,
+    text_of,
+)
+
+__all__ = ["error_body", "models_body", "parse_request", "reply_chunks", "reply_json"]
+
+_ERROR_TYPES = {
+    "invalid_request": ("invalid_request_error", None),
+    "context_length": ("invalid_request_error", "context_length_exceeded"),
+    "authentication": ("invalid_request_error", "invalid_api_key"),
+    "not_found": ("invalid_request_error", "not_found"),
+    "too_large": ("invalid_request_error", "request_too_large"),
+    "api_error": ("server_error", None),
+    "overloaded": ("server_error", "overloaded"),
+}
+
+
+def error_body(kind: str, message: str) -> dict[str, Any]:
+    """OpenAI's error object (Chat Completions and Responses share it)."""
+    etype, code = _ERROR_TYPES.get(kind, ("server_error", None))
+    return {"error": {"message": message, "type": etype, "param": None, "code": code}}
+
+
+def context_error_message(prompt_tokens: int, limit: int) -> str:
+    """OpenAI's wording for a context overflow."""
+    return (
+        f"This model's maximum context length is {limit} tokens. However, your messages "
+        f"resulted in {prompt_tokens} tokens. Please reduce the length of the messages."
+    )
+
+
+def parse_message(raw: Any, where: str) -> Message:
+    """One chat message.
+
+    Raises:
+        ApiError: it is not an object or its role is unknown.
+    """
+    if not isinstance(raw, dict):
+        raise ApiError(400, "invalid_request", f"{where}: must be an object")
+    role = raw.get("role")
+    if role == "developer":
+        role = "system"
+    if role in ("system", "user"):
+        return Message(role=role, content=text_of(raw.get("content")))
+    if role == "tool":
+        return Message(
+            role="tool",
+            content=text_of(raw.get("content")),
+            tool_call_id=str(raw.get("tool_call_id", "")),
+        )
+    if role == "assistant":
+        calls: list[tuple[str, str, Any]] = []
+        ref = ""
+        for j, call in enumerate(raw.get("tool_calls") or []):
+            if not isinstance(call, dict):
+                raise ApiError(400, "invalid_request", f"{where}.tool_calls.{j}: must be an object")
+            fn = call.get("function") or {}
+            cid = str(call.get("id", ""))
+            ref = ref or ref_of_id(cid)
+            calls.append((cid, str(fn.get("name", "")), parse_arguments(fn.get("arguments"))))
+        reasoning = raw.get("reasoning_content")
+        return Message(
+            role="assistant",
+            content=text_of(raw.get("content")),
+            reasoning=reasoning if isinstance(reasoning, str) and reasoning else None,
+            tool_calls=calls,
+            ref=ref,
+        )
+    raise ApiError(400, "invalid_request", f"{where}.role: unknown role {role!r}")
+
+
+def parse_request(body: bytes) -> Conversation:
+    """Parse a Chat Completions request body.
+
+    Raises:
+        ApiError: malformed JSON or a field of the wrong type (400).
+    """
+    data = decode_json_object(body)
+    raw_messages = data.get("messages")
+    if not isinstance(raw_messages, list) or not raw_messages:
+        raise ApiError(400, "invalid_request", "messages: a non-empty list is required")
+    messages = [parse_message(m, f"messages.{i}") for i, m in enumerate(raw_messages)]
+    tools, dropped = parse_tools(data.get("tools"))
+    options = data.get("stream_options") or {}
+    cap = positive_int(data.get("max_completion_tokens"), "max_completion_tokens")
+    if cap is None:
+        cap = positive_int(data.get("max_tokens"), "max_tokens")
+    return Conversation(
+        api="chat",
+        model=str(data.get("model", "")),
+        messages=messages,
+        tools=tools,
+        stream=data.get("stream") is True,
+        max_tokens=cap,
+        include_usage=isinstance(options, dict) and options.get("include_usage") is True,
+        dropped_tools=dropped,
+    )
+
+
+def parse_tools(raw: Any) -> tuple[list[dict[str, Any]], int]:
+    """Function tools in either the nested (chat) or flat (Responses) form; others dropped."""
+    if raw is None:
+        return [], 0
+    if not isinstance(raw, list):
+        raise ApiError(400, "invalid_request", "tools: must be a list")
+    tools: list[dict[str, Any]] = []
+    dropped = 0
+    for tool in raw:
+        if not isinstance(tool, dict):
+            raise ApiError(400, "invalid_request", "tools: every tool must be an object")
+        if tool.get("type", "function") != "function":
+            dropped += 1  # namespace, web_search, ...: nothing a chat template renders
+            continue
+        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        tools.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters")))
+    return tools, dropped
+
+
+_FINISH = {"tool_calls": "tool_calls", "stop": "stop", "length": "length"}
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    return {
+        "prompt_tokens": reply.input_tokens,
+        "completion_tokens": reply.output_tokens,
+        "total_tokens": reply.input_tokens + reply.output_tokens,
+    }
+
+
+def _calls(reply: Reply, *, indexed: bool) -> list[dict[str, Any]]:
+    out = []
+    for i, call in enumerate(reply.tool_calls):
+        item: dict[str, Any] = {
+            "id": call.id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": call.arguments_json},
+        }
+        if indexed:
+            item["index"] = i
+        out.append(item)
+    return out
+
+
+def reply_json(reply: Reply) -> dict[str, Any]:
+    """The non-streaming response body."""
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": reply.text if (reply.text or not reply.tool_calls) else None,
+    }
+    if reply.reasoning is not None:
+        message["reasoning_content"] = reply.reasoning
+    if reply.tool_calls:
+        message["tool_calls"] = _calls(reply, indexed=False)
+    return {
+        "id": f"chatcmpl-{reply.ref}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": reply.model,
+        "choices": [{"index": 0, "message": message, "finish_reason": _FINISH[reply.finish]}],
+        "usage": _usage(reply),
+    }
+
+
+def reply_chunks(reply: Reply, *, include_usage: bool) -> Iterator[bytes]:
+    """The SSE chunks of a streamed reply, ending with ``data: [DONE]``."""
+    base = {
+        "id": f"chatcmpl-{reply.ref}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": reply.model,
+    }
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+        return sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    if reply.reasoning:
+        yield chunk({"reasoning_content": reply.reasoning})
+    if reply.text:
+        yield chunk({"content": reply.text})
+    if reply.tool_calls:
+        yield chunk({"tool_calls": _calls(reply, indexed=True)})
+    yield chunk({}, _FINISH[reply.finish])
+    if include_usage:
+        yield sse(None, {**base, "choices": [], "usage": _usage(reply)})
+    yield b"data: [DONE]\n\n"
+
+
+def models_body(names: list[str]) -> dict[str, Any]:
+    """``GET /v1/models``."""
+    return {
+        "object": "list",
+        "data": [{"id": n, "object": "model", "created": 0, "owned_by": "trio-swe"} for n in names],
+    }

@@ -1,0 +1,606 @@
+"""The gateway's HTTP edge: hypercorn on trio serving the three APIs for per-episode sessions.
+
+Thin I/O around the sans-IO parts: read the body (capped), find the session by its key, parse
+the request with the API's module, place it on the session, call the policy while watching for
+the client to go away (which cancels the call: :class:`~trio_swe.agents.SGLangPolicy` then sends
+``/abort_request``), send the reply as JSON or SSE, and record the turn once it was sent.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket as _socket
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import msgspec
+import trio
+
+from .._errors import ConfigError, InvalidArgumentError
+from ..agents._policy import Policy, PolicyError, PolicyOutput
+from ..models import ChatModel
+from ..trajectory import TurnRecord
+from . import _anthropic, _chat, _responses
+from ._common import ApiError, Conversation, Reply
+from ._session import Session, SessionStatistics
+
+__all__ = ["Gateway", "GatewaySession", "GatewayStatistics", "open_gateway"]
+
+logger = logging.getLogger("trio_swe.gateway")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+#: Default cap of a request body (Claude Code's requests are ~13-80 KB; long episodes grow).
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of a gateway.
+
+    Attributes:
+        requests: HTTP requests received.
+        by_status: responses by HTTP status.
+        sessions_open: sessions open now.
+        sessions_total: sessions opened.
+        policy_calls: calls to the policy.
+        policy_errors: calls that failed.
+        disconnects: requests whose client went away before the reply (policy call cancelled).
+        chat_models: chat models built (one per distinct tool list, cached).
+    """
+
+    requests: int
+    by_status: dict[int, int]
+    sessions_open: int
+    sessions_total: int
+    policy_calls: int
+    policy_errors: int
+    disconnects: int
+    chat_models: int
+
+
+class GatewaySession:
+    """One episode's session on a gateway; from :meth:`Gateway.open_session`.
+
+    Attributes:
+        session_id: the episode's id (the policy's routing key).
+        api_key: the secret the agent presents (API key or bearer token); it names the session.
+    """
+
+    def __init__(self, gateway: Gateway, session: Session, api_key: str) -> None:
+        self._gateway = gateway
+        self.session = session
+        self.session_id = session.session_id
+        self.api_key = api_key
+        self.finished = False
+        self._inflight: set[trio.CancelScope] = set()
+        self._idle = trio.Event()
+        self._idle.set()
+
+    def turns(self) -> list[TurnRecord]:
+        """The episode's recorded turns (chain after chain; side chains excluded)."""
+        return self.session.turns()
+
+    def statistics(self) -> SessionStatistics:
+        """The session's counters."""
+        return self.session.statistics()
+
+    def finish(self) -> None:
+        """End the session: later requests get 401; requests in flight are cancelled."""
+        if self.finished:
+            return
+        self.finished = True
+        for scope in list(self._inflight):
+            scope.cancel()
+        self._gateway._sessions.pop(self.api_key, None)
+
+
+class Gateway:
+    """A running gateway; from :func:`open_gateway`.
+
+    Attributes:
+        url: ``http://127.0.0.1:PORT`` when listening on TCP, else None.
+        unix_socket: the path of its unix socket when listening on one, else None.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        tokenizer: Any,
+        *,
+        tool_parser: str,
+        template_kwargs: Mapping[str, Any] | None,
+        model_name: str,
+        max_body_bytes: int,
+        max_sessions: int,
+    ) -> None:
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.tool_parser = tool_parser
+        self.template_kwargs = dict(template_kwargs or {})
+        self.model_name = model_name
+        self.max_body_bytes = max_body_bytes
+        self.max_sessions = max_sessions
+        self.url: str | None = None
+        self.unix_socket: str | None = None
+        self._sessions: dict[str, GatewaySession] = {}
+        self._models: OrderedDict[str, ChatModel] = OrderedDict()
+        self._stats: dict[str, Any] = {
+            "requests": 0,
+            "sessions_total": 0,
+            "policy_calls": 0,
+            "policy_errors": 0,
+            "disconnects": 0,
+            "chat_models": 0,
+        }
+        self._by_status: dict[int, int] = {}
+
+    # -- sessions ---------------------------------------------------------------------------
+
+    def open_session(
+        self,
+        session_id: str,
+        *,
+        sampling_params: Mapping[str, Any] | None = None,
+        max_context_tokens: int = 0,
+        max_turns: int = 1000,
+    ) -> GatewaySession:
+        """Start a session; give the agent its :attr:`~GatewaySession.api_key`.
+
+        Call :meth:`GatewaySession.finish` when the episode's agent is done (or use
+        :meth:`session`).
+
+        Raises:
+            InvalidArgumentError: ``max_sessions`` sessions are open already.
+        """
+        if len(self._sessions) >= self.max_sessions:
+            raise InvalidArgumentError(
+                f"the gateway has {self.max_sessions} sessions open (max_sessions)"
+            )
+        key = f"sk-trio-swe-{secrets.token_hex(16)}"
+        session = Session(
+            session_id,
+            model_for=self.chat_model,
+            sampling_params=sampling_params,
+            max_context_tokens=max_context_tokens,
+            max_turns=max_turns,
+        )
+        handle = GatewaySession(self, session, key)
+        self._sessions[key] = handle
+        self._stats["sessions_total"] += 1
+        return handle
+
+    @asynccontextmanager
+    async def session(
+        self,
+        session_id: str,
+        *,
+        sampling_params: Mapping[str, Any] | None = None,
+        max_context_tokens: int = 0,
+    ) -> AsyncIterator[GatewaySession]:
+        """:meth:`open_session` for the block's duration, finished on the way out."""
+        handle = self.open_session(
+            session_id, sampling_params=sampling_params, max_context_tokens=max_context_tokens
+        )
+        try:
+            yield handle
+        finally:
+            handle.finish()
+
+    def chat_model(self, tools: Sequence[Mapping[str, Any]]) -> ChatModel:
+        """The chat model for ``tools`` (built once per distinct list, the last 64 kept).
+
+        Raises:
+            TemplateError: the chat template cannot render these tools.
+        """
+        key = json.dumps(tools, sort_keys=True)
+        model = self._models.get(key)
+        if model is None:
+            model = ChatModel(
+                self.tokenizer,
+                tools=tools,
+                tool_parser=self.tool_parser,
+                template_kwargs=self.template_kwargs,
+            )
+            self._models[key] = model
+            self._stats["chat_models"] += 1
+            while len(self._models) > 64:
+                self._models.popitem(last=False)
+        else:
+            self._models.move_to_end(key)
+        return model
+
+    def statistics(self) -> GatewayStatistics:
+        """See :class:`GatewayStatistics`."""
+        return GatewayStatistics(
+            requests=self._stats["requests"],
+            by_status=dict(self._by_status),
+            sessions_open=len(self._sessions),
+            sessions_total=self._stats["sessions_total"],
+            policy_calls=self._stats["policy_calls"],
+            policy_errors=self._stats["policy_errors"],
+            disconnects=self._stats["disconnects"],
+            chat_models=self._stats["chat_models"],
+        )
+
+    # -- ASGI ----------------------------------------------------------------------------------
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["type"] != "http":
+            return
+        self._stats["requests"] += 1
+        exchange = _Exchange(scope, receive, send, self)
+        try:
+            await exchange.handle()
+        except ApiError as exc:
+            await exchange.error(exc)
+        except _ClientGone:
+            self._stats["disconnects"] += 1
+
+
+class _ClientGone(Exception):
+    pass
+
+
+def _api_of(path: str) -> str:
+    if "/messages" in path:
+        return "anthropic"
+    if path.endswith("/responses"):
+        return "responses"
+    return "chat"
+
+
+_ROUTES: dict[str, str] = {
+    "/v1/messages": "anthropic",
+    "/messages": "anthropic",
+    "/v1/responses": "responses",
+    "/responses": "responses",
+    "/v1/chat/completions": "chat",
+    "/chat/completions": "chat",
+}
+
+
+class _Exchange:
+    """One request/response."""
+
+    def __init__(self, scope: Scope, receive: Receive, send: Send, gateway: Gateway) -> None:
+        self.scope = scope
+        self.receive = receive
+        self._send = send
+        self.gw = gateway
+        self.method: str = scope["method"]
+        self.path: str = scope["path"]
+        self.api = _api_of(self.path)
+        self.headers = {
+            k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
+        }
+        self.started = False
+
+    # -- responses --------------------------------------------------------------------------
+
+    async def start(self, status: int, content_type: str, length: int | None = None) -> None:
+        headers = [(b"content-type", content_type.encode())]
+        if length is not None:
+            headers.append((b"content-length", str(length).encode()))
+        if content_type.startswith("text/event-stream"):
+            headers.append((b"cache-control", b"no-cache"))
+        self.started = True
+        self.gw._by_status[status] = self.gw._by_status.get(status, 0) + 1
+        await self._send({"type": "http.response.start", "status": status, "headers": headers})
+
+    async def body(self, data: bytes, *, more: bool = False) -> None:
+        await self._send({"type": "http.response.body", "body": data, "more_body": more})
+
+    async def json(self, status: int, value: Any) -> None:
+        data = json.dumps(value, ensure_ascii=False).encode()
+        if self.method == "HEAD":
+            await self.start(status, "application/json")
+            await self.body(b"")
+            return
+        await self.start(status, "application/json", len(data))
+        await self.body(data)
+
+    async def error(self, exc: ApiError) -> None:
+        log = logger.warning if exc.status >= 500 else logger.info
+        log("gateway %s %s -> %d %s: %s", self.method, self.path, exc.status, exc.kind, exc.message)
+        if self.started:
+            return  # mid-stream: nothing to do but end it (hypercorn closes the connection)
+        if self.api == "anthropic":
+            body = _anthropic.error_body(exc.kind, exc.message)
+        else:
+            body = _chat.error_body(exc.kind, exc.message)
+        await self.json(exc.status, body)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    async def read_body(self) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        declared = self.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.gw.max_body_bytes:
+            raise ApiError(
+                413, "too_large", f"request body over the gateway's cap of {self.gw.max_body_bytes} bytes"
+            )
+        while True:
+            message = await self.receive()
+            if message["type"] == "http.disconnect":
+                raise _ClientGone
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.gw.max_body_bytes:
+                raise ApiError(
+                    413,
+                    "too_large",
+                    f"request body over the gateway's cap of {self.gw.max_body_bytes} bytes",
+                )
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    def session(self) -> GatewaySession:
+        key = self.headers.get("x-api-key", "")
+        auth = self.headers.get("authorization", "")
+        if not key and auth.lower().startswith("bearer "):
+            key = auth[7:].strip()
+        handle = self.gw._sessions.get(key) if key else None
+        if handle is None or handle.finished:
+            raise ApiError(
+                401,
+                "authentication",
+                "unknown or finished session: the API key names no open trio-swe gateway session",
+            )
+        return handle
+
+    async def handle(self) -> None:
+        path, method = self.path, self.method
+        if path in ("/", "/health", "/healthz") and method in ("GET", "HEAD"):
+            await self.json(200, {"ok": True})
+            return
+        if path in ("/v1/models", "/models") and method == "GET":
+            await self.json(200, _chat.models_body([self.gw.model_name]))
+            return
+        if path in ("/v1/messages/count_tokens", "/messages/count_tokens") and method == "POST":
+            await self.count_tokens()
+            return
+        api = _ROUTES.get(path)
+        if api is None:
+            raise ApiError(404, "not_found", f"no route {method} {path} on the trio-swe gateway")
+        if method != "POST":
+            raise ApiError(405, "invalid_request", f"{path} takes POST, not {method}")
+        await self.generate(api)
+
+    async def count_tokens(self) -> None:
+        body = await self.read_body()
+        handle = self.session()
+        conv = _anthropic.parse_request(body)
+        try:
+            model = handle.session._model_for(conv.tools)
+            ids = model.encode(
+                model.render([m.template_dict() for m in conv.messages], add_generation_prompt=True)
+            )
+        except ConfigError as exc:
+            raise ApiError(400, "invalid_request", str(exc)) from exc
+        await self.json(200, _anthropic.count_tokens_body(len(ids)))
+
+    async def generate(self, api: str) -> None:
+        body = await self.read_body()
+        handle = self.session()
+        conv: Conversation
+        if api == "anthropic":
+            conv = _anthropic.parse_request(body)
+        elif api == "responses":
+            conv = _responses.parse_request(body)
+        else:
+            conv = _chat.parse_request(body)
+        session = handle.session
+        pending = session.prepare(conv)
+        if pending.overflow:
+            session.record_overflow(pending)
+            n, limit = len(pending.prompt_ids), session.max_context_tokens
+            message = {
+                "anthropic": _anthropic.context_error_message,
+                "responses": _responses.context_error_message,
+                "chat": _chat.context_error_message,
+            }[api](n, limit)
+            raise ApiError(400, "context_length", message)
+        output = await self.call_policy(handle, pending.prompt_ids, pending.sampling_params)
+        if output is None:
+            session.abandon(pending)
+            raise _ClientGone
+        if output.finish_reason == "abort":
+            session.abandon(pending)
+            raise ApiError(529 if api == "anthropic" else 503, "overloaded", "the policy aborted the generation; retry")
+        draft = session.draft(pending, output, model_name=self.gw.model_name)
+        try:
+            await self.send_reply(api, conv, draft.reply)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+            session.abandon(pending)
+            raise _ClientGone from None
+        session.commit(draft)
+
+    async def call_policy(
+        self, handle: GatewaySession, ids: Any, params: Mapping[str, Any]
+    ) -> PolicyOutput | None:
+        """The policy's output, or None when the client went away (the call is cancelled)."""
+        result: list[PolicyOutput] = []
+        gone = False
+        failure: list[BaseException] = []
+
+        async def watch(scope: trio.CancelScope) -> None:
+            nonlocal gone
+            while True:
+                message = await self.receive()
+                if message["type"] == "http.disconnect":
+                    gone = True
+                    scope.cancel()
+                    return
+
+        self.gw._stats["policy_calls"] += 1
+        with trio.CancelScope() as scope:
+            handle._inflight.add(scope)
+            try:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(watch, nursery.cancel_scope)
+                    try:
+                        result.append(
+                            await self.gw.policy.generate(ids, params, session_id=handle.session_id)
+                        )
+                    except PolicyError as exc:
+                        failure.append(exc)
+                    nursery.cancel_scope.cancel()
+            finally:
+                handle._inflight.discard(scope)
+        if failure:
+            self.gw._stats["policy_errors"] += 1
+            raise ApiError(500, "api_error", f"the policy failed: {failure[0]}")
+        if gone or scope.cancelled_caught or not result:
+            if handle.finished and not gone:
+                raise ApiError(401, "authentication", "the session finished during the request")
+            return None
+        return result[0]
+
+    async def send_reply(self, api: str, conv: Conversation, reply: Reply) -> None:
+        if not conv.stream:
+            value = {
+                "anthropic": _anthropic.reply_json,
+                "responses": _responses.reply_json,
+                "chat": _chat.reply_json,
+            }[api](reply)
+            await self.json(200, value)
+            return
+        events: Iterable[bytes]
+        if api == "anthropic":
+            events = _anthropic.reply_events(reply)
+        elif api == "responses":
+            events = _responses.reply_events(reply)
+        else:
+            events = _chat.reply_chunks(reply, include_usage=conv.include_usage)
+        await self.start(200, "text/event-stream; charset=utf-8")
+        # One write: the reply is complete already (the policy is not streamed), and one
+        # send per event would cost a syscall each.
+        await self.body(b"".join(events))
+
+
+async def _serve(
+    app: Gateway, config: Any, listeners: list[trio.SocketListener], *, task_status: Any
+) -> None:
+    from hypercorn.trio.tcp_server import TCPServer
+    from hypercorn.trio.worker_context import WorkerContext
+    from hypercorn.utils import wrap_app
+
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    context = WorkerContext(None)
+
+    async def handle(stream: trio.SocketStream) -> None:
+        try:
+            await TCPServer(wrapped, config, context, {}, stream).run()  # type: ignore[arg-type]
+        except Exception as exc:  # one broken connection must not stop the server
+            logger.debug("gateway connection failed: %r", exc)
+            await trio.aclose_forcefully(stream)
+
+    task_status.started()
+    await trio.serve_listeners(handle, listeners)
+
+
+@asynccontextmanager
+async def open_gateway(
+    policy: Policy,
+    tokenizer: Any,
+    *,
+    host: str | None = "127.0.0.1",
+    port: int = 0,
+    unix_socket: str | os.PathLike[str] | None = None,
+    tool_parser: str = "auto",
+    template_kwargs: Mapping[str, Any] | None = None,
+    model_name: str = "trio-swe-policy",
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_sessions: int = 4096,
+) -> AsyncIterator[Gateway]:
+    """Serve the recording gateway for the block's duration.
+
+    Args:
+        policy: where completions come from (e.g. :class:`~trio_swe.agents.SGLangPolicy`).
+        tokenizer: the checkpoint's Hugging Face tokenizer (see :func:`trio_swe.models.load_tokenizer`).
+        host: TCP address to listen on (None: no TCP listener).
+        port: TCP port (0: a free one; see :attr:`Gateway.url`).
+        unix_socket: also (or only) listen on this unix socket path, e.g. for sandboxes without
+            a network that reach the gateway through a forwarder.
+        tool_parser: the tool-call parser name, or ``"auto"`` (from the template).
+        template_kwargs: extra variables of every render.
+        model_name: the model name reported to clients.
+        max_body_bytes: cap of a request body (413 above it).
+        max_sessions: cap of sessions open at once.
+    """
+    try:
+        from hypercorn.config import Config
+    except ImportError as exc:
+        raise ConfigError("the gateway needs hypercorn: pip install 'trio-swe[gateway]'") from exc
+    if host is None and unix_socket is None:
+        raise InvalidArgumentError("open_gateway needs a host, a unix_socket or both")
+    gateway = Gateway(
+        policy,
+        tokenizer,
+        tool_parser=tool_parser,
+        template_kwargs=template_kwargs,
+        model_name=model_name,
+        max_body_bytes=max_body_bytes,
+        max_sessions=max_sessions,
+    )
+    config = Config()
+    config.accesslog = None
+    config.errorlog = logger
+    config.keep_alive_timeout = 600
+    config.h11_max_incomplete_size = 64 * 1024
+    listeners: list[trio.SocketListener] = []
+    path: str | None = None
+    try:
+        if host is not None:
+            tcp = await trio.open_tcp_listeners(port, host=host)
+            listeners.extend(tcp)
+            bound = tcp[0].socket.getsockname()
+            gateway.url = f"http://{host}:{bound[1]}"
+        if unix_socket is not None:
+            path = os.fspath(unix_socket)
+            sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            if os.path.exists(path):
+                os.unlink(path)
+            await sock.bind(path)
+            os.chmod(path, 0o777)  # sandbox users (agent) connect to it
+            sock.listen(256)
+            listeners.append(trio.SocketListener(sock))
+            gateway.unix_socket = path
+        async with trio.open_nursery() as nursery:
+            await nursery.start(_serve, gateway, config, listeners)
+            try:
+                yield gateway
+            finally:
+                for handle in list(gateway._sessions.values()):
+                    handle.finish()
+                nursery.cancel_scope.cancel()
+    except BaseExceptionGroup as group:
+        if len(group.exceptions) == 1:
+            raise group.exceptions[0] from None
+        raise
+    finally:
+        with trio.CancelScope(shield=True):
+            for listener in listeners:
+                await listener.aclose()
+        if path is not None:
+            try:
+                os.unlink(path)
+            except OSError:
+                pass

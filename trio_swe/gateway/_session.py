@@ -1,0 +1,431 @@
+"""One episode's session: incoming histories matched to recorded turns, token-exact (sans-IO).
+
+A session holds *chains*: conversations with the policy, each an append-only
+:class:`~trio_swe.models.TokenHistory` and the turns recorded on it. A request is placed by
+matching its messages against each chain's *transcript* (the messages as the client sent them
+plus our replies as we sent them):
+
+* every message up to the chain's last reply matches: the request continues the chain; only
+  the messages after that reply (tool results, a user message) are rendered and tokenized,
+  and the prompt is the chain's tokens (sampled ids kept as sampled) + that delta;
+* it matches up to an earlier reply, or diverges after one (the client rewrote or dropped
+  history: compaction, a retry of an answered request): a new chain starts from the matched
+  messages (our own parsed replies for those turns) + the client's rest, rendered whole. Fed
+  to the sample builder after the first chain, it is a FORK (its ``turn_kinds`` say so);
+* it matches nothing: a new chain.
+
+Clients do not replay our replies faithfully, so a reply is recognised by the reference we
+embed in the ids we hand out (tool-call ids, thinking signatures, ``encrypted_content``) or,
+failing that, by its text and tool names with arguments compared as JSON values where the
+client may add keys with default values (Claude Code's ``"replace_all": false``) or re-serialise
+them (Qwen Code, opencode).
+
+Requests without tools (opencode's title request) are *side* chains: served and counted, but
+not part of the episode's turns (they would mix an unrelated conversation into its samples).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from ..agents._policy import PolicyOutput
+from ..models import ChatModel, NotAppendOnlyError, TokenHistory
+from ..trajectory import TurnRecord
+from ._common import ApiError, Conversation, Message, Reply, ReplyToolCall, call_id, new_ref
+
+__all__ = ["Draft", "Pending", "Session", "SessionStatistics"]
+
+#: Default cap of one turn's sampled tokens when the trainer's params name none.
+DEFAULT_MAX_NEW_TOKENS = 4096
+
+
+class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of one session.
+
+    Attributes:
+        requests: requests placed (served or refused for overflow).
+        turns: turns recorded on the episode's chains.
+        side_turns: turns recorded on side chains (requests without tools).
+        chains: chains started (side chains included).
+        forks: chains started from a rewritten or branched history.
+        appended: requests that continued a chain by an append-only delta.
+        delta_tokens: tokens rendered for those deltas.
+        rendered_tokens: tokens rendered for the first prompts of chains.
+        ill_formed: turns whose output did not parse.
+        overflows: requests refused because the prompt filled the context.
+        failed: prepared requests that were never committed (policy error, disconnect).
+    """
+
+    requests: int = 0
+    turns: int = 0
+    side_turns: int = 0
+    chains: int = 0
+    forks: int = 0
+    appended: int = 0
+    delta_tokens: int = 0
+    rendered_tokens: int = 0
+    ill_formed: int = 0
+    overflows: int = 0
+    failed: int = 0
+
+
+class _Chain:
+    __slots__ = ("boundaries", "history", "index", "side", "transcript", "turns")
+
+    def __init__(self, index: int, history: TokenHistory, transcript: list[Message], side: bool):
+        self.index = index
+        self.history = history  # after the last output: awaiting the next delta
+        self.transcript = transcript  # client-form messages, our replies included
+        self.boundaries: list[int] = []  # len(transcript) after each reply
+        self.turns: list[TurnRecord] = []
+        self.side = side
+
+
+class Pending(msgspec.Struct, kw_only=True):
+    """A request placed and ready for the policy.
+
+    Attributes:
+        prompt_ids: the prompt (the chain's tokens + the delta).
+        max_new_tokens: the cap of this turn (trainer's, client's and the context's room).
+        sampling_params: what the policy is called with.
+        overflow: the prompt leaves no room in the context: do not call the policy.
+    """
+
+    prompt_ids: Any
+    max_new_tokens: int
+    sampling_params: dict[str, Any]
+    overflow: bool = False
+    conversation: Conversation | None = None
+    history: Any = None
+    chain: Any = None  # the chain continued, or None for a new one
+    transcript: list[Message] = msgspec.field(default_factory=list)
+    forked: bool = False
+    side: bool = False
+    tip: int = 0  # the chain's turn count when placed (another request may extend it first)
+
+
+class Draft(msgspec.Struct, kw_only=True):
+    """A policy output made into a reply and a turn, not yet recorded."""
+
+    pending: Pending
+    reply: Reply
+    turn: TurnRecord
+    message: Message
+
+
+def _args_match(recorded: Any, incoming: Any) -> bool:
+    """Arguments ``incoming`` (as the client replays them) say what ``recorded`` said: equal as
+    JSON values, where the client may have added keys set to a default (false/None/""/0/[])."""
+    if recorded == incoming:
+        return True
+    if isinstance(incoming, str):
+        try:
+            incoming = json.loads(incoming)
+        except ValueError:
+            return False
+    if not isinstance(recorded, dict) or not isinstance(incoming, dict):
+        return bool(recorded == incoming)
+    for key, value in recorded.items():
+        if key not in incoming or incoming[key] != value:
+            return False
+    return all(incoming[k] in (False, None, "", 0, [], {}) for k in incoming.keys() - recorded.keys())
+
+
+def _same_reply(ours: Message, theirs: Message) -> bool:
+    if theirs.role != "assistant":
+        return False
+    if theirs.ref:
+        return theirs.ref == ours.ref
+    if theirs.content.strip() != ours.content.strip():
+        return False
+    if len(theirs.tool_calls) != len(ours.tool_calls):
+        return False
+    return all(
+        a[1] == b[1] and _args_match(a[2], b[2])
+        for a, b in zip(ours.tool_calls, theirs.tool_calls, strict=True)
+    )
+
+
+def _same_message(ours: Message, theirs: Message) -> bool:
+    if ours.role == "assistant" and ours.ref:
+        return _same_reply(ours, theirs)
+    if ours.role != theirs.role or ours.content != theirs.content:
+        return False
+    if ours.role == "tool":
+        return ours.tool_call_id == theirs.tool_call_id
+    if ours.role == "assistant":  # a foreign assistant message (not ours), e.g. a primer
+        return _same_reply(ours, theirs)
+    return True
+
+
+def _matched(transcript: Sequence[Message], incoming: Sequence[Message]) -> int:
+    """How many leading messages of ``incoming`` match ``transcript``."""
+    n = 0
+    for ours, theirs in zip(transcript, incoming, strict=False):
+        if not _same_message(ours, theirs):
+            break
+        n += 1
+    return n
+
+
+class Session:
+    """The recording state of one episode (sans-IO; the gateway does the policy call).
+
+    Args:
+        session_id: the episode's id (the policy's routing key).
+        model_for: the chat model for a list of tools (cached by the gateway).
+        sampling_params: the trainer's SGLang sampling parameters (the client's ``temperature``
+            and such are ignored; its ``max_tokens`` may only lower ``max_new_tokens``).
+        max_context_tokens: prompt + output cap (0: none); a prompt that fills it is refused
+            with the API's context-length error and recorded as a truncated turn.
+        max_turns: requests refused (429-like ``overloaded``) past this many turns.
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        model_for: Callable[[Sequence[Mapping[str, Any]]], ChatModel],
+        sampling_params: Mapping[str, Any] | None = None,
+        max_context_tokens: int = 0,
+        max_turns: int = 1000,
+    ) -> None:
+        self.session_id = session_id
+        self._model_for = model_for
+        self.sampling_params = dict(sampling_params or {})
+        self.max_context_tokens = max_context_tokens
+        self.max_turns = max_turns
+        self._chains: list[_Chain] = []
+        self._order: list[tuple[int, int]] = []  # (chain, turn) in the order they were recorded
+        self._stats = dict.fromkeys(SessionStatistics.__struct_fields__, 0)
+
+    # -- placing a request ----------------------------------------------------------------
+
+    def prepare(self, conv: Conversation) -> Pending:
+        """Place ``conv`` on a chain and build its prompt; nothing is recorded yet.
+
+        Raises:
+            ApiError: the chat template cannot render the tools or messages (400), or the
+                session is over its turn limit.
+        """
+        if self._stats["turns"] + self._stats["side_turns"] >= self.max_turns:
+            raise ApiError(429, "overloaded", f"session {self.session_id!r}: turn limit reached")
+        self._stats["requests"] += 1
+        side = not conv.tools
+        incoming = conv.messages
+        best: _Chain | None = None
+        best_n = 0
+        for chain in self._chains:
+            if chain.side != side or not chain.boundaries:
+                continue
+            n = _matched(chain.transcript, incoming)
+            if n > best_n or (n == best_n and best is not None and n > 0):
+                best, best_n = chain, n
+        try:
+            model = self._model_for(conv.tools)
+            if best is not None and best_n == len(best.transcript) and best.boundaries[-1] == best_n:
+                new = incoming[best_n:]
+                if new:
+                    try:
+                        history = best.history.copy()
+                        before = len(history.ids)
+                        history.append_messages([m.template_dict() for m in new])
+                        pending = self._pending(conv, history, chain=best, side=side)
+                        self._stats["delta_tokens"] += len(history.ids) - before
+                        return pending
+                    except NotAppendOnlyError:
+                        pass  # the template re-renders earlier turns: fork below
+            # A new chain: the matched part of the best chain (our own parsed replies) and the
+            # client's rest, rendered whole.
+            k = 0
+            if best is not None and best_n > 0:
+                k = max((b for b in best.boundaries if b <= best_n), default=0)
+            forked = k > 0
+            prefix: list[dict[str, Any]] = []
+            if best is not None and k:
+                # The history's messages are aligned with the transcript, one for one.
+                prefix = [dict(m) for m in best.history.messages[:k]]
+            rest = incoming[k:]
+            messages = prefix + [m.template_dict() for m in rest]
+            history = model.start(messages)
+        except ApiError:
+            raise
+        except Exception as exc:
+            from ..models import TemplateError
+
+            if isinstance(exc, TemplateError):
+                raise ApiError(400, "invalid_request", str(exc)) from exc
+            raise
+        self._stats["rendered_tokens"] += len(history.ids)
+        return self._pending(conv, history, chain=None, side=side, forked=forked)
+
+    def _pending(
+        self,
+        conv: Conversation,
+        history: TokenHistory,
+        *,
+        chain: _Chain | None,
+        side: bool,
+        forked: bool = False,
+    ) -> Pending:
+        params = dict(self.sampling_params)
+        cap = int(params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
+        if conv.max_tokens is not None:
+            cap = min(cap, conv.max_tokens)
+        overflow = False
+        prompt = history.ids
+        if self.max_context_tokens:
+            room = self.max_context_tokens - len(prompt)
+            if room <= 0:
+                overflow = True
+            cap = max(min(cap, room), 0)
+        params["max_new_tokens"] = cap
+        params.setdefault("skip_special_tokens", False)
+        params.setdefault("no_stop_trim", True)
+        return Pending(
+            prompt_ids=prompt,
+            max_new_tokens=cap,
+            sampling_params=params,
+            overflow=overflow,
+            conversation=conv,
+            history=history,
+            chain=chain,
+            transcript=list(conv.messages),
+            forked=forked,
+            side=side,
+            tip=len(chain.boundaries) if chain is not None else 0,
+        )
+
+    # -- recording ------------------------------------------------------------------------
+
+    def draft(self, pending: Pending, output: PolicyOutput, *, model_name: str = "") -> Draft:
+        """Parse the policy's output for ``pending`` and build the reply; nothing is recorded
+        until :meth:`commit` (call it once the reply reached the client).
+
+        An output whose tool call does not parse is ``ill_formed`` and answered as plain text
+        (an output that calls no tool is a plain answer: CLI agents end their runs so).
+        """
+        history: TokenHistory = pending.history
+        conv = pending.conversation
+        assert conv is not None
+        prompt_ids = history.ids.tolist()
+        ill_formed = False
+        ref = new_ref()
+        prefix = "toolu_" if conv.api == "anthropic" else "call_"
+        text: str = ""
+        reasoning: str | None = None
+        calls: tuple[ReplyToolCall, ...] = ()
+        if output.output_ids:
+            parsed = history.model.parse(output.output_ids)
+            if parsed.ill_formed and not parsed.error.startswith("no tool call"):
+                ill_formed = True
+                text = parsed.text
+            else:
+                text, reasoning = parsed.content, parsed.reasoning
+                calls = tuple(
+                    ReplyToolCall(call_id(prefix, ref, i), c.name, dict(c.arguments))
+                    for i, c in enumerate(parsed.tool_calls)
+                )
+            history.append_output(output.output_ids, parsed)
+        turn = TurnRecord.from_lists(
+            prompt_ids=prompt_ids,
+            output_ids=output.output_ids,
+            output_log_probs=output.log_probs,
+            finish_reason=output.finish_reason,
+            ill_formed=ill_formed,
+        )
+        finish: Any = (
+            "length" if output.finish_reason == "length" else ("tool_calls" if calls else "stop")
+        )
+        reply = Reply(
+            ref=ref,
+            text=text,
+            reasoning=reasoning,
+            tool_calls=calls,
+            finish=finish,
+            input_tokens=len(prompt_ids),
+            output_tokens=len(output.output_ids),
+            model=model_name or conv.model,
+        )
+        ours = Message(
+            role="assistant",
+            content=text,
+            reasoning=reasoning,
+            tool_calls=[(c.id, c.name, c.arguments) for c in calls],
+            ref=ref,
+        )
+        return Draft(pending=pending, reply=reply, turn=turn, message=ours)
+
+    def commit(self, draft: Draft) -> None:
+        """Record a drafted turn (its reply was delivered)."""
+        self._record(draft.pending, draft.turn, draft.message)
+        if draft.turn.ill_formed:
+            self._stats["ill_formed"] += 1
+
+    def record_overflow(self, pending: Pending) -> None:
+        """Record a refused, overflowing request as a turn with no output (``length``), so the
+        episode's sample is marked truncated, not lost."""
+        history: TokenHistory = pending.history
+        turn = TurnRecord.from_lists(prompt_ids=history.ids, output_ids=[], finish_reason="length")
+        self._stats["overflows"] += 1
+        chain = self._chain_for(pending)
+        chain.turns.append(turn)
+        self._order.append((chain.index, len(chain.turns) - 1))
+        if chain.side:
+            self._stats["side_turns"] += 1
+        else:
+            self._stats["turns"] += 1
+        # The chain's history is left as it was: the client will not continue from here.
+
+    def abandon(self, pending: Pending) -> None:
+        """Count a prepared request that was never committed (nothing was recorded)."""
+        self._stats["failed"] += 1
+
+    def _chain_for(self, pending: Pending) -> _Chain:
+        chain: _Chain | None = pending.chain
+        if chain is not None and len(chain.boundaries) != pending.tip:
+            # A concurrent request extended this chain first: this one branches off it.
+            chain, pending.chain, pending.forked = None, None, True
+        if chain is None:
+            chain = _Chain(len(self._chains), pending.history, [], pending.side)
+            self._chains.append(chain)
+            self._stats["chains"] += 1
+            if pending.forked:
+                self._stats["forks"] += 1
+            pending.chain = chain
+        return chain
+
+    def _record(self, pending: Pending, turn: TurnRecord, ours: Message) -> None:
+        continued = pending.chain is not None
+        chain = self._chain_for(pending)
+        if continued and pending.chain is chain:
+            self._stats["appended"] += 1
+        chain.history = pending.history
+        chain.transcript = [*pending.transcript, ours]
+        # Keep the history's messages aligned with the transcript (one per message).
+        chain.boundaries.append(len(chain.transcript))
+        chain.turns.append(turn)
+        self._order.append((chain.index, len(chain.turns) - 1))
+        if chain.side:
+            self._stats["side_turns"] += 1
+        else:
+            self._stats["turns"] += 1
+
+    # -- results --------------------------------------------------------------------------
+
+    def turns(self, *, side: bool = False) -> list[TurnRecord]:
+        """The recorded turns, chain after chain (each chain's in order): what the sample
+        builder takes, a new chain starting a new sample. Side chains only with ``side``."""
+        out: list[TurnRecord] = []
+        for chain in self._chains:
+            if chain.side == side:
+                out.extend(chain.turns)
+        return out
+
+    def statistics(self) -> SessionStatistics:
+        """See :class:`SessionStatistics`."""
+        return SessionStatistics(**self._stats)
