@@ -125,7 +125,17 @@ def agent_cache_dir() -> Path:
 
 
 def _base_python() -> str:
-    """The base interpreter of the running one (a venv's ``python`` links into it)."""
+    """The interpreter of a Python agent's virtualenv: the system's ``/usr/bin/python3`` when
+    it has ``venv`` (a venv's ``python`` links into its base, which must be readable by the
+    sandbox's unprivileged user: an interpreter under ``/root`` is not), else the running
+    one's base."""
+    system = Path("/usr/bin/python3")
+    if system.exists():
+        probe = subprocess.run(
+            [str(system), "-c", "import venv, ensurepip"], capture_output=True, timeout=60
+        )
+        if probe.returncode == 0:
+            return str(system)
     for cand in (
         Path(sys.base_prefix) / "bin" / "python3",
         Path(sys.base_prefix) / "bin" / "python",
@@ -209,7 +219,10 @@ def ensure_installed_sync(
             return pkg.bin_path(final)
         last = ""
         for attempt in range(1, max(retries, 1) + 1):
-            staging = root / f".{pkg.dirname}.staging-{os.getpid()}"
+            # npm packages are relocatable: built aside, renamed into place. A virtualenv
+            # records its own path in its scripts, so it is built in place; either way the
+            # marker, written last, says the install is whole.
+            staging = root / f".{pkg.dirname}.staging-{os.getpid()}" if pkg.registry == "npm" else final
             shutil.rmtree(staging, ignore_errors=True)
             try:
                 for cmd in _install_commands(pkg, staging):
@@ -222,16 +235,8 @@ def ensure_installed_sync(
                         )
                 version = _check(pkg, staging)
                 (staging / _MARKER).write_text(f"{pkg.package} {pkg.version}\n{version}\n")
-                shutil.rmtree(final, ignore_errors=True)
-                if pkg.registry == "pypi":
-                    # A venv records its own path in its scripts: build it in place instead.
-                    shutil.rmtree(staging, ignore_errors=True)
-                    for cmd in _install_commands(pkg, final):
-                        final.mkdir(parents=True, exist_ok=True)
-                        subprocess.run(cmd, check=True, capture_output=True, timeout=900)
-                    _check(pkg, final)
-                    (final / _MARKER).write_text(f"{pkg.package} {pkg.version}\n{version}\n")
-                else:
+                if staging != final:
+                    shutil.rmtree(final, ignore_errors=True)
                     os.rename(staging, final)
                 return pkg.bin_path(final)
             except (OSError, RuntimeError, subprocess.SubprocessError) as exc:

@@ -450,6 +450,7 @@ class _Exchange:
                     return
 
         self.gw._stats["policy_calls"] += 1
+        t0 = trio.current_time()
         with trio.CancelScope() as scope:
             handle._inflight.add(scope)
             try:
@@ -464,6 +465,7 @@ class _Exchange:
                     nursery.cancel_scope.cancel()
             finally:
                 handle._inflight.discard(scope)
+                handle.session.add_policy_time(trio.current_time() - t0)
         if failure:
             self.gw._stats["policy_errors"] += 1
             raise ApiError(500, "api_error", f"the policy failed: {failure[0]}")

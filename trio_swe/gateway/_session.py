@@ -58,6 +58,8 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
         ill_formed: turns whose output did not parse.
         overflows: requests refused because the prompt filled the context.
         failed: prepared requests that were never committed (policy error, disconnect).
+        tool_calls: tool calls in the replies recorded on the episode's chains.
+        policy_sec: time spent waiting for the policy.
     """
 
     requests: int = 0
@@ -71,6 +73,8 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
     ill_formed: int = 0
     overflows: int = 0
     failed: int = 0
+    tool_calls: int = 0
+    policy_sec: float = 0.0
 
 
 class _Chain:
@@ -201,7 +205,8 @@ class Session:
         self.max_turns = max_turns
         self._chains: list[_Chain] = []
         self._order: list[tuple[int, int]] = []  # (chain, turn) in the order they were recorded
-        self._stats = dict.fromkeys(SessionStatistics.__struct_fields__, 0)
+        self._stats: dict[str, Any] = dict.fromkeys(SessionStatistics.__struct_fields__, 0)
+        self._stats["policy_sec"] = 0.0
 
     # -- placing a request ----------------------------------------------------------------
 
@@ -365,6 +370,12 @@ class Session:
         self._record(draft.pending, draft.turn, draft.message)
         if draft.turn.ill_formed:
             self._stats["ill_formed"] += 1
+        if not draft.pending.side:
+            self._stats["tool_calls"] += len(draft.reply.tool_calls)
+
+    def add_policy_time(self, seconds: float) -> None:
+        """Count time spent waiting for the policy (the gateway measures it)."""
+        self._stats["policy_sec"] += seconds
 
     def record_overflow(self, pending: Pending) -> None:
         """Record a refused, overflowing request as a turn with no output (``length``), so the

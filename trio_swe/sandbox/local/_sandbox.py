@@ -104,6 +104,11 @@ class LocalSandbox:
     def alive(self) -> bool:
         return not self._dead.is_set()
 
+    @property
+    def network(self) -> bool:
+        """Whether the sandbox shares the host's network (False: its own, loopback only)."""
+        return not self._own_netns
+
     def statistics(self) -> Mapping[str, Any]:
         return {**self._stats, "live_processes": len(self._processes), "alive": self.alive}
 

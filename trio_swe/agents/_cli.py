@@ -1,0 +1,444 @@
+"""Real CLI coding agents (Claude Code, Codex, Qwen Code, opencode, mini-swe-agent) run through
+the recording gateway, so their episodes give samples.
+
+Each episode: the pinned CLI is installed on the host once (:mod:`._install`, cached); a
+gateway session is opened for the episode (its API key goes to the agent); the agent gets a
+fresh ``HOME`` with its configuration (telemetry, updates, plugins and web tools off, the
+gateway as its only provider) and runs detached in the sandbox as ``agent`` under the task's
+budget. In a sandbox without a network (the default for these agents) a forwarder inside the
+sandbox relays ``127.0.0.1:PORT`` to the gateway's unix socket, so the gateway is all the agent
+can reach. The turns the gateway recorded are the outcome's turns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import trio
+
+from .._errors import ConfigError
+from ..sandbox import Sandbox
+from ._harness import DEFAULT_CLI_PROMPT, AgentInstallError, run_agent
+from ._install import CLI_PACKAGES, agent_cache_dir, ensure_installed
+from ._policy import Policy
+from ._types import AgentOutcome, AgentTask
+
+__all__ = ["CLI_AGENTS", "CliAgent", "CliContext", "CliSpec"]
+
+#: The port the forwarder listens on inside a sandbox without a network (its own namespace).
+FORWARD_PORT = 18080
+
+
+class CliContext(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent's configuration is made from.
+
+    Attributes:
+        base_url: the gateway as the agent reaches it (``http://127.0.0.1:PORT``).
+        api_key: the episode's session key.
+        model: the model name the agent asks for.
+        home: the agent's fresh ``HOME`` in the sandbox.
+        exe: the CLI's executable (a host path visible in the sandbox).
+        workdir: the repository.
+    """
+
+    base_url: str
+    api_key: str
+    model: str
+    home: str
+    exe: str
+    workdir: str
+
+
+class CliSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """How to configure and start one CLI agent.
+
+    Attributes:
+        name: the agent's name (``SWE_AGENT``).
+        api: the API it speaks to the gateway.
+        files: files to write into ``HOME`` (relative path -> text) from a context.
+        env: its environment from a context.
+        argv: its command line (before quoting) from a context and the prompt.
+    """
+
+    name: str
+    api: str
+    files: Callable[[CliContext], dict[str, str]]
+    env: Callable[[CliContext], dict[str, str]]
+    argv: Callable[[CliContext, str], list[str]]
+
+
+def _claude_env(c: CliContext) -> dict[str, str]:
+    return {
+        "ANTHROPIC_BASE_URL": c.base_url,
+        "ANTHROPIC_API_KEY": c.api_key,
+        "ANTHROPIC_MODEL": c.model,
+        "ANTHROPIC_SMALL_FAST_MODEL": c.model,
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_ERROR_REPORTING": "1",
+        "IS_SANDBOX": "1",  # --dangerously-skip-permissions refuses root without it
+    }
+
+
+def _claude_files(c: CliContext) -> dict[str, str]:
+    ack = json.dumps({"hasCompletedOnboarding": True, "bypassPermissionsModeAccepted": True})
+    return {".claude.json": ack, ".claude/settings.json": ack}
+
+
+def _codex_files(c: CliContext) -> dict[str, str]:
+    features = (
+        "plugins",
+        "remote_plugin",
+        "apps",
+        "multi_agent",
+        "goals",
+        "image_generation",
+        "skill_search",
+        "tool_suggest",
+    )
+    toml = (
+        # web_search must come before any table
+        'web_search = "disabled"\n'
+        f"model = {json.dumps(c.model)}\n"
+        'model_provider = "trio"\n'
+        'approval_policy = "never"\n'
+        'sandbox_mode = "danger-full-access"\n'
+        "check_for_update_on_startup = false\n\n"
+        "[model_providers.trio]\n"
+        'name = "trio-swe gateway"\n'
+        f"base_url = {json.dumps(c.base_url + '/v1')}\n"
+        'env_key = "TRIO_SWE_API_KEY"\n'
+        'wire_api = "responses"\n\n'
+        "[analytics]\nenabled = false\n\n"
+        "[features]\n" + "".join(f"{f} = false\n" for f in features)
+    )
+    return {".codex/config.toml": toml}
+
+
+def _qwen_files(c: CliContext) -> dict[str, str]:
+    settings = {
+        "privacy": {"usageStatisticsEnabled": False},
+        "telemetry": {"enabled": False},
+        "general": {"disableAutoUpdate": True, "disableUpdateNag": True},
+        "security": {"auth": {"selectedType": "openai"}},
+    }
+    return {".qwen/settings.json": json.dumps(settings)}
+
+
+def _opencode_env(c: CliContext) -> dict[str, str]:
+    config = {
+        "provider": {
+            "trio": {
+                "npm": "@ai-sdk/openai-compatible",
+                "name": "trio-swe gateway",
+                "options": {"baseURL": c.base_url + "/v1", "apiKey": c.api_key},
+                "models": {
+                    c.model: {
+                        "name": c.model,
+                        "tool_call": True,
+                        "limit": {"context": 131072, "output": 8192},
+                    }
+                },
+            }
+        },
+        "model": f"trio/{c.model}",
+        "small_model": f"trio/{c.model}",
+        "autoupdate": False,
+        "share": "disabled",
+        "permission": {"edit": "allow", "bash": "allow", "webfetch": "deny"},
+    }
+    return {
+        "OPENCODE_CONFIG_CONTENT": json.dumps(config),
+        "OPENCODE_DISABLE_AUTOUPDATE": "1",
+        "OPENCODE_DISABLE_MODELS_FETCH": "1",
+        "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
+        "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
+        "OPENCODE_DISABLE_SHARE": "1",
+        # opencode looks plugins up on the npm registry even so: point it at the gateway,
+        # which answers 404 (and counts the attempt) instead of letting it out.
+        "NPM_CONFIG_REGISTRY": c.base_url + "/npm-registry/",
+        "npm_config_registry": c.base_url + "/npm-registry/",
+    }
+
+
+def _mini_env(c: CliContext) -> dict[str, str]:
+    return {
+        "MSWEA_CONFIGURED": "true",
+        "MSWEA_COST_TRACKING": "ignore_errors",
+        "MSWEA_SILENT_STARTUP": "1",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "OPENAI_API_KEY": c.api_key,
+        "OPENAI_BASE_URL": c.base_url + "/v1",
+    }
+
+
+#: The supported CLI agents.
+CLI_AGENTS: dict[str, CliSpec] = {
+    s.name: s
+    for s in (
+        CliSpec(
+            name="claude-code",
+            api="anthropic",
+            files=_claude_files,
+            env=_claude_env,
+            argv=lambda c, p: [
+                c.exe,
+                "-p",
+                p,
+                "--output-format",
+                "stream-json",
+                "--verbose",
+                "--dangerously-skip-permissions",
+                "--tools",
+                "Bash,Read,Edit,Write",
+            ],
+        ),
+        CliSpec(
+            name="codex",
+            api="responses",
+            files=_codex_files,
+            env=lambda c: {"TRIO_SWE_API_KEY": c.api_key, "CODEX_HOME": f"{c.home}/.codex"},
+            argv=lambda c, p: [
+                c.exe,
+                "exec",
+                "--json",
+                "--skip-git-repo-check",
+                "--dangerously-bypass-approvals-and-sandbox",
+                p,
+            ],
+        ),
+        CliSpec(
+            name="qwen-code",
+            api="chat",
+            files=_qwen_files,
+            env=lambda c: {
+                "OPENAI_API_KEY": c.api_key,
+                "OPENAI_BASE_URL": c.base_url + "/v1",
+                "OPENAI_MODEL": c.model,
+            },
+            argv=lambda c, p: [c.exe, "--auth-type", "openai", "--yolo", "-o", "stream-json", p],
+        ),
+        CliSpec(
+            name="opencode",
+            api="chat",
+            files=lambda c: {},
+            env=_opencode_env,
+            argv=lambda c, p: [c.exe, "run", "--pure", "--format", "json", "--auto", p],
+        ),
+        CliSpec(
+            name="mini-swe-agent",
+            api="chat",
+            files=lambda c: {},
+            env=_mini_env,
+            argv=lambda c, p: [
+                c.exe,
+                "-m",
+                f"openai/{c.model}",
+                "-t",
+                p,
+                "-y",
+                "--exit-immediately",
+                "-c",
+                "mini.yaml",
+                "-c",
+                f"model.model_kwargs.api_base={c.base_url}/v1",
+                "-c",
+                "agent.cost_limit=0",
+                "-o",
+                f"{c.home}/trajectory.json",
+            ],
+        ),
+    )
+}
+
+
+def _sandbox_python() -> str:
+    """An interpreter the sandbox's unprivileged user can run: the system's, else ours."""
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
+def default_socket_dir() -> Path:
+    """Where per-episode gateways put their unix sockets: ``SWE_GATEWAY_SOCKET_DIR``, else a
+    directory local sandboxes see (not under ``/tmp``, which is private to each sandbox)."""
+    env = os.environ.get("SWE_GATEWAY_SOCKET_DIR", "").strip()
+    if env:
+        return Path(env)
+    for cand in (Path("/run/trio-swe"), Path("/var/tmp") / f"trio-swe-{os.getuid()}"):
+        try:
+            cand.mkdir(parents=True, exist_ok=True)
+            os.chmod(cand, 0o755)
+            return cand
+        except OSError:
+            continue
+    raise ConfigError("no directory for gateway sockets; set SWE_GATEWAY_SOCKET_DIR")
+
+
+class CliAgent:
+    """One of the :data:`CLI_AGENTS`, recorded through the gateway.
+
+    Args:
+        name: a key of :data:`CLI_AGENTS`.
+        policy: the policy the gateway calls.
+        tokenizer: the checkpoint's tokenizer (with its chat template).
+        gateway: a running :class:`~trio_swe.gateway.Gateway` to share (it must listen on a
+            unix socket for sandboxes without a network); None opens one per episode.
+        tool_parser: the tool-call parser (``"auto"`` infers it from the template).
+        model_name: the model name the agent is configured with.
+        prompt: the instruction template (``{problem_statement_path}``, ``{instance_id}``).
+        cache_dir: where the pinned CLIs are installed (see :func:`agent_cache_dir`).
+        sandbox_network: False (default) asks the episode for a sandbox without a network.
+        python: the interpreter that runs the forwarder in the sandbox.
+        extra_env: more environment for the agent.
+    """
+
+    append_only = False  # the gateway forks where a client rewrites its history
+    user = "agent"
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        policy: Policy,
+        tokenizer: Any,
+        gateway: Any | None = None,
+        tool_parser: str = "auto",
+        model_name: str = "trio-swe-policy",
+        prompt: str = "Instance: {instance_id}\n\n" + DEFAULT_CLI_PROMPT,
+        cache_dir: str | os.PathLike[str] | None = None,
+        sandbox_network: bool = False,
+        python: str | None = None,
+        extra_env: Mapping[str, str] | None = None,
+    ) -> None:
+        if name not in CLI_AGENTS:
+            raise ConfigError(
+                f"no CLI agent {name!r}; choose one of {', '.join(sorted(CLI_AGENTS))}"
+            )
+        self.name = name
+        self.spec = CLI_AGENTS[name]
+        self.policy = policy
+        self.tokenizer = tokenizer
+        self.gateway = gateway
+        self.tool_parser = tool_parser
+        self.model_name = model_name
+        self.prompt = prompt
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else agent_cache_dir()
+        self.sandbox_network = sandbox_network
+        self.python = python or _sandbox_python()
+        self.extra_env = dict(extra_env or {})
+        self.last_session: Any = None  # the last episode's GatewaySession (for tests, tools)
+
+    @asynccontextmanager
+    async def _gateway(self) -> AsyncIterator[Any]:
+        if self.gateway is not None:
+            yield self.gateway
+            return
+        from ..gateway import open_gateway
+
+        sock = default_socket_dir() / f"gw-{uuid.uuid4().hex[:16]}.sock"
+        async with open_gateway(
+            self.policy,
+            self.tokenizer,
+            host=None,
+            unix_socket=sock,
+            tool_parser=self.tool_parser,
+            model_name=self.model_name,
+        ) as gw:
+            yield gw
+
+    async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
+        """Install (cached), configure and run the CLI on the task; the gateway records it."""
+        deadline = trio.current_time() + task.time_budget_sec
+        exe = await ensure_installed(self.name, cache_dir=self.cache_dir)
+        seen = await sandbox.exec(f"test -x {shlex.quote(str(exe))}", user=self.user, timeout=30)
+        if not seen.ok:
+            raise AgentInstallError(
+                f"{exe} is installed on the host but not visible in the sandbox; keep the agent "
+                "cache (SWE_AGENT_CACHE) outside /tmp and /root, or show it with "
+                "LocalBackend(host_paths=[...])"
+            )
+        network = bool(getattr(sandbox, "network", True))
+        async with self._gateway() as gw, gw.session(
+            task.session_id,
+            sampling_params=task.sampling_params,
+            max_context_tokens=task.max_context_tokens,
+        ) as session:
+            self.last_session = session
+            home = f"/tmp/.trio-swe-agent-{uuid.uuid4().hex[:12]}"
+            if network and gw.url is not None:
+                base_url, forward = gw.url, None
+            elif gw.unix_socket is not None:
+                base_url = f"http://127.0.0.1:{FORWARD_PORT}"
+                forward = gw.unix_socket
+            else:
+                raise ConfigError(
+                    "the sandbox has no network and the gateway no unix socket to forward to"
+                )
+            ctx = CliContext(
+                base_url=base_url,
+                api_key=session.api_key,
+                model=self.model_name,
+                home=home,
+                exe=str(exe),
+                workdir=task.workdir,
+            )
+            prompt = task.prompt or self.prompt.format(
+                problem_statement_path=task.problem_statement_path, instance_id=task.instance_id
+            )
+            for rel, text in self.spec.files(ctx).items():
+                await sandbox.write_file(f"{home}/{rel}", text, user=self.user)
+            env = {
+                "HOME": home,
+                "XDG_CONFIG_HOME": f"{home}/.config",
+                "XDG_CACHE_HOME": f"{home}/.cache",
+                "XDG_DATA_HOME": f"{home}/.local/share",
+                "NO_COLOR": "1",
+                "CI": "1",
+                **self.spec.env(ctx),
+                **self.extra_env,
+            }
+            cmd = self._command(ctx, prompt, forward)
+            remaining = max(deadline - trio.current_time(), 0.001)
+            result = await run_agent(
+                sandbox, cmd, workdir=task.workdir, time_budget_sec=remaining, env=env, user=self.user
+            )
+        turns = session.turns()
+        stats = session.statistics()
+        return AgentOutcome(
+            exit_code=result.exit_code,
+            finish="time_budget" if result.reason == "time_budget" else "exited",
+            turns=turns,
+            output=result.output[-20000:],
+            command_sec=max(result.duration_sec - stats.policy_sec, 0.0),
+            policy_sec=stats.policy_sec,
+            n_commands=stats.tool_calls,
+        )
+
+    def _command(self, ctx: CliContext, prompt: str, forward: str | None) -> str:
+        argv = " ".join(shlex.quote(a) for a in self.spec.argv(ctx, prompt))
+        home = shlex.quote(ctx.home)
+        steps = [f"mkdir -p {home}"]
+        if forward is not None:
+            from ..gateway._forwarder import FORWARDER_SOURCE
+
+            script = f"{ctx.home}/.forwarder.py"
+            ready = f"{ctx.home}/.forwarder.ready"
+            steps += [
+                f"printf %s {shlex.quote(FORWARDER_SOURCE)} > {shlex.quote(script)}",
+                f"({shlex.quote(self.python)} {shlex.quote(script)} {FORWARD_PORT} "
+                f"{shlex.quote(forward)} {shlex.quote(ready)} >/dev/null 2>&1 &)",
+                # Wait (bounded) until it listens; the agent's first request must not race it.
+                f"i=0; while [ ! -e {shlex.quote(ready)} ] && [ $i -lt 200 ]; do sleep 0.05; "
+                "i=$((i+1)); done",
+            ]
+        steps.append(f"{argv} < /dev/null")
+        return "\n".join(steps)
