@@ -250,3 +250,17 @@ def test_property_prompt_k1_extends_prompt_k_and_output_k(
         assert list(history.ids[: len(prompt_k) + len(output_k)]) == prompt_k + output_k
         conversation += [message, *results]
     assert list(history.ids) == golden(qwen3, conversation)
+
+
+def test_copy_is_independent(qwen3: ChatModel) -> None:
+    history = qwen3.start([SYSTEM, USER])
+    message = assistant(None, ("bash", {"command": "ls"}))
+    history.append_output(qwen3.encode(qwen3.assistant_text(message)))
+    before = history.ids.tolist()
+    trial = history.copy()
+    trial.append_messages([{"role": "tool", "content": "a.py"}])
+    assert history.ids.tolist() == before  # the original awaits its delta, untouched
+    assert trial.ids.tolist()[: len(before)] == before
+    assert len(trial.messages) == len(history.messages) + 1
+    history.append_messages([{"role": "tool", "content": "a.py"}])  # still usable
+    assert history.ids.tolist() == trial.ids.tolist()

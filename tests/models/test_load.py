@@ -109,3 +109,21 @@ def test_importing_the_package_does_not_import_transformers() -> None:
 
     code = "import sys, trio_swe, trio_swe.models; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_tool_descriptions_with_newlines_and_quotes_render(qwen3_path: Path) -> None:
+    # Claude Code's tool descriptions span lines and quote things: tojson escapes them.
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "Read",
+            "description": 'Reads a file.\nUsage:\n- "file_path" must be absolute',
+            "parameters": {
+                "type": "object",
+                "properties": {"file_path": {"type": "string"}},
+                "required": ["file_path"],
+            },
+        },
+    }
+    model = ChatModel.from_checkpoint(qwen3_path, tools=[tool])
+    assert "Reads a file" in model.render([{"role": "user", "content": "hi"}])

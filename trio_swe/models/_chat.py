@@ -8,6 +8,7 @@ that delta is tokenized; nothing sampled is re-rendered or re-tokenized.
 
 from __future__ import annotations
 
+import json
 import os
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
@@ -261,7 +262,7 @@ class ChatModel:
         for tool in self.tools:
             fn = tool.get("function", tool)
             for needle in (fn.get("name"), fn.get("description")):
-                if needle and str(needle) not in prompt:
+                if needle and not _rendered(str(needle), prompt):
                     raise TemplateError(
                         f"chat template of {self.name!r} cannot render tools: the tool "
                         f"{fn.get('name')!r} does not appear in the rendered prompt"
@@ -393,6 +394,16 @@ class TokenHistory:
         self._stats["delta_tokens"] += len(delta)
         return delta
 
+    def copy(self) -> TokenHistory:
+        """An independent copy (the ids copied once, a memcpy): a gateway appends a delta and
+        a turn to the copy and keeps it only once the client got its reply."""
+        other = object.__new__(TokenHistory)
+        other.__dict__.update(self.__dict__)
+        other.ids = array("i", self.ids)
+        other.messages = list(self.messages)
+        other._stats = dict(self._stats)
+        return other
+
     def fork(self, new: Sequence[Message] = ()) -> TokenHistory:
         """A fresh history of the whole conversation so far plus ``new``, rendered whole."""
         return TokenHistory(self.model, [*self.messages, *(dict(m) for m in new)])
@@ -424,3 +435,11 @@ def _token_bytes(token: str) -> int:
 def _first_difference(a: str, b: str) -> str:
     n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
     return a[max(n - 20, 0) : n + 20]
+
+
+def _rendered(text: str, prompt: str) -> bool:
+    """``text`` appears in ``prompt`` as is or JSON-escaped: templates render tools with
+    ``tojson``, so a description's newlines and quotes arrive as ``\\n`` and ``\\"``."""
+    return text in prompt or any(
+        json.dumps(text, ensure_ascii=ascii_only)[1:-1] in prompt for ascii_only in (False, True)
+    )
