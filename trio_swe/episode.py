@@ -429,7 +429,8 @@ class _Episode:
                 self.backend,
                 self.md.image,
                 workdir=self.md.workdir,
-                network=network,
+                # Agents that reach only their gateway (the CLI agents) ask for no network.
+                network=network and bool(getattr(self.agent, "sandbox_network", True)),
                 ttl_sec=self.config.guard_sec,
                 metadata={
                     "instance_id": self.md.instance_id[:200],

@@ -25,12 +25,12 @@ from typing import Any
 import msgspec
 import trio
 
-from .._errors import ConfigError
+from .._errors import AgentInstallError, ConfigError
 from ..sandbox import Sandbox
-from ._harness import DEFAULT_CLI_PROMPT, AgentInstallError, run_agent
-from ._install import CLI_PACKAGES, agent_cache_dir, ensure_installed
+from ._harness import DEFAULT_CLI_PROMPT, run_agent
+from ._install import agent_cache_dir, ensure_installed
 from ._policy import Policy
-from ._types import AgentOutcome, AgentTask
+from ._types import AgentOutcome, AgentTask, BaseAgent
 
 __all__ = ["CLI_AGENTS", "CliAgent", "CliContext", "CliSpec"]
 
@@ -283,7 +283,7 @@ def default_socket_dir() -> Path:
     raise ConfigError("no directory for gateway sockets; set SWE_GATEWAY_SOCKET_DIR")
 
 
-class CliAgent:
+class CliAgent(BaseAgent):
     """One of the :data:`CLI_AGENTS`, recorded through the gateway.
 
     Args:
@@ -299,6 +299,7 @@ class CliAgent:
         sandbox_network: False (default) asks the episode for a sandbox without a network.
         python: the interpreter that runs the forwarder in the sandbox.
         extra_env: more environment for the agent.
+        own_policy: :meth:`aclose` closes the policy (the registry's agents own theirs).
     """
 
     append_only = False  # the gateway forks where a client rewrites its history
@@ -318,6 +319,7 @@ class CliAgent:
         sandbox_network: bool = False,
         python: str | None = None,
         extra_env: Mapping[str, str] | None = None,
+        own_policy: bool = False,
     ) -> None:
         if name not in CLI_AGENTS:
             raise ConfigError(
@@ -335,7 +337,15 @@ class CliAgent:
         self.sandbox_network = sandbox_network
         self.python = python or _sandbox_python()
         self.extra_env = dict(extra_env or {})
+        self.own_policy = own_policy
         self.last_session: Any = None  # the last episode's GatewaySession (for tests, tools)
+
+    async def aclose(self) -> None:
+        """Close the policy's client when this agent owns it."""
+        if self.own_policy:
+            close = getattr(self.policy, "aclose", None)
+            if close is not None:
+                await close()
 
     @asynccontextmanager
     async def _gateway(self) -> AsyncIterator[Any]:
@@ -367,11 +377,14 @@ class CliAgent:
                 "LocalBackend(host_paths=[...])"
             )
         network = bool(getattr(sandbox, "network", True))
-        async with self._gateway() as gw, gw.session(
-            task.session_id,
-            sampling_params=task.sampling_params,
-            max_context_tokens=task.max_context_tokens,
-        ) as session:
+        async with (
+            self._gateway() as gw,
+            gw.session(
+                task.session_id,
+                sampling_params=task.sampling_params,
+                max_context_tokens=task.max_context_tokens,
+            ) as session,
+        ):
             self.last_session = session
             home = f"/tmp/.trio-swe-agent-{uuid.uuid4().hex[:12]}"
             if network and gw.url is not None:
@@ -409,7 +422,12 @@ class CliAgent:
             cmd = self._command(ctx, prompt, forward)
             remaining = max(deadline - trio.current_time(), 0.001)
             result = await run_agent(
-                sandbox, cmd, workdir=task.workdir, time_budget_sec=remaining, env=env, user=self.user
+                sandbox,
+                cmd,
+                workdir=task.workdir,
+                time_budget_sec=remaining,
+                env=env,
+                user=self.user,
             )
         turns = session.turns()
         stats = session.statistics()

@@ -30,9 +30,8 @@ from typing import Literal
 import msgspec
 import trio
 
-from .._errors import ConfigError
+from .._errors import AgentInstallError, ConfigError
 from ..config import SweConfig
-from ._harness import AgentInstallError
 
 __all__ = [
     "CLI_PACKAGES",
@@ -95,7 +94,11 @@ CLI_PACKAGES: dict[str, CliPackage] = {
             binary="qwen",
         ),
         CliPackage(
-            name="opencode", registry="npm", package="opencode-ai", version="1.18.33", binary="opencode"
+            name="opencode",
+            registry="npm",
+            package="opencode-ai",
+            version="1.18.33",
+            binary="opencode",
         ),
         CliPackage(
             name="mini-swe-agent",
@@ -222,7 +225,9 @@ def ensure_installed_sync(
             # npm packages are relocatable: built aside, renamed into place. A virtualenv
             # records its own path in its scripts, so it is built in place; either way the
             # marker, written last, says the install is whole.
-            staging = root / f".{pkg.dirname}.staging-{os.getpid()}" if pkg.registry == "npm" else final
+            staging = (
+                root / f".{pkg.dirname}.staging-{os.getpid()}" if pkg.registry == "npm" else final
+            )
             shutil.rmtree(staging, ignore_errors=True)
             try:
                 for cmd in _install_commands(pkg, staging):

@@ -41,7 +41,10 @@ _ERROR_TYPES = {
 
 def error_body(kind: str, message: str) -> dict[str, Any]:
     """Anthropic's error object."""
-    return {"type": "error", "error": {"type": _ERROR_TYPES.get(kind, "api_error"), "message": message}}
+    return {
+        "type": "error",
+        "error": {"type": _ERROR_TYPES.get(kind, "api_error"), "message": message},
+    }
 
 
 def context_error_message(prompt_tokens: int, limit: int) -> str:
@@ -116,7 +119,9 @@ def parse_request(body: bytes) -> Conversation:
         if kind not in (None, "custom"):
             dropped += 1  # server tools (web search, bash_20250124, ...) are not ours to run
             continue
-        tools.append(function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema")))
+        tools.append(
+            function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"))
+        )
     return Conversation(
         api="anthropic",
         model=str(data.get("model", "")),
@@ -168,11 +173,15 @@ def _content(reply: Reply) -> list[dict[str, Any]]:
     if reply.text or not reply.tool_calls:
         blocks.append({"type": "text", "text": reply.text})
     for call in reply.tool_calls:
-        blocks.append({"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments})
+        blocks.append(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.arguments}
+        )
     return blocks
 
 
-def _message(reply: Reply, content: list[dict[str, Any]], stop: str | None, out: int) -> dict[str, Any]:
+def _message(
+    reply: Reply, content: list[dict[str, Any]], stop: str | None, out: int
+) -> dict[str, Any]:
     return {
         "id": f"msg_{reply.ref}",
         "type": "message",
@@ -225,7 +234,8 @@ def reply_events(reply: Reply) -> Iterator[bytes]:
         )
         for delta in deltas:
             yield sse(
-                "content_block_delta", {"type": "content_block_delta", "index": index, "delta": delta}
+                "content_block_delta",
+                {"type": "content_block_delta", "index": index, "delta": delta},
             )
         yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
     yield sse(

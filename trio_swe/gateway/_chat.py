@@ -137,7 +137,8 @@ def parse_tools(raw: Any) -> tuple[list[dict[str, Any]], int]:
         if tool.get("type", "function") != "function":
             dropped += 1  # namespace, web_search, ...: nothing a chat template renders
             continue
-        fn = tool.get("function") if isinstance(tool.get("function"), dict) else tool
+        nested = tool.get("function")
+        fn: dict[str, Any] = nested if isinstance(nested, dict) else tool
         tools.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters")))
     return tools, dropped
 
@@ -197,7 +198,9 @@ def reply_chunks(reply: Reply, *, include_usage: bool) -> Iterator[bytes]:
     }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]})
+        return sse(
+            None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+        )
 
     yield chunk({"role": "assistant", "content": ""})
     if reply.reasoning:

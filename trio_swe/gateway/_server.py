@@ -14,7 +14,15 @@ import os
 import secrets
 import socket as _socket
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Mapping,
+    MutableMapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -86,6 +94,14 @@ class GatewaySession:
     def turns(self) -> list[TurnRecord]:
         """The episode's recorded turns (chain after chain; side chains excluded)."""
         return self.session.turns()
+
+    def conversations(self) -> list[list[dict[str, Any]]]:
+        """The episode's chains as template messages (see :meth:`Session.conversations`)."""
+        return self.session.conversations()
+
+    def tools(self) -> list[list[dict[str, Any]]]:
+        """The tools of each of the episode's chains (see :meth:`Session.tools`)."""
+        return self.session.tools()
 
     def statistics(self) -> SessionStatistics:
         """The session's counters."""
@@ -333,7 +349,9 @@ class _Exchange:
         declared = self.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > self.gw.max_body_bytes:
             raise ApiError(
-                413, "too_large", f"request body over the gateway's cap of {self.gw.max_body_bytes} bytes"
+                413,
+                "too_large",
+                f"request body over the gateway's cap of {self.gw.max_body_bytes} bytes",
             )
         while True:
             message = await self.receive()
@@ -423,7 +441,11 @@ class _Exchange:
             raise _ClientGone
         if output.finish_reason == "abort":
             session.abandon(pending)
-            raise ApiError(529 if api == "anthropic" else 503, "overloaded", "the policy aborted the generation; retry")
+            raise ApiError(
+                529 if api == "anthropic" else 503,
+                "overloaded",
+                "the policy aborted the generation; retry",
+            )
         draft = session.draft(pending, output, model_name=self.gw.model_name)
         try:
             await self.send_reply(api, conv, draft.reply)
@@ -504,7 +526,7 @@ async def _serve(
     from hypercorn.trio.worker_context import WorkerContext
     from hypercorn.utils import wrap_app
 
-    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")
+    wrapped = wrap_app(app, config.wsgi_max_body_size, "asgi")  # type: ignore[arg-type]
     context = WorkerContext(None)
 
     async def handle(stream: trio.SocketStream) -> None:
@@ -578,8 +600,10 @@ async def open_gateway(
         if unix_socket is not None:
             path = os.fspath(unix_socket)
             sock = trio.socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-            if os.path.exists(path):
+            try:  # a stale socket of a crashed run
                 os.unlink(path)
+            except FileNotFoundError:
+                pass
             await sock.bind(path)
             os.chmod(path, 0o777)  # sandbox users (agent) connect to it
             sock.listen(256)

@@ -136,7 +136,9 @@ def _args_match(recorded: Any, incoming: Any) -> bool:
     for key, value in recorded.items():
         if key not in incoming or incoming[key] != value:
             return False
-    return all(incoming[k] in (False, None, "", 0, [], {}) for k in incoming.keys() - recorded.keys())
+    return all(
+        incoming[k] in (False, None, "", 0, [], {}) for k in incoming.keys() - recorded.keys()
+    )
 
 
 def _same_reply(ours: Message, theirs: Message) -> bool:
@@ -232,7 +234,11 @@ class Session:
                 best, best_n = chain, n
         try:
             model = self._model_for(conv.tools)
-            if best is not None and best_n == len(best.transcript) and best.boundaries[-1] == best_n:
+            if (
+                best is not None
+                and best_n == len(best.transcript)
+                and best.boundaries[-1] == best_n
+            ):
                 new = incoming[best_n:]
                 if new:
                     try:
@@ -436,6 +442,16 @@ class Session:
             if chain.side == side:
                 out.extend(chain.turns)
         return out
+
+    def conversations(self, *, side: bool = False) -> list[list[dict[str, Any]]]:
+        """Each chain's messages as its chat template rendered them (our replies as parsed,
+        the client's other messages as it sent them), chain after chain; side chains only
+        with ``side``."""
+        return [[dict(m) for m in c.history.messages] for c in self._chains if c.side == side]
+
+    def tools(self, *, side: bool = False) -> list[list[dict[str, Any]]]:
+        """Each chain's tools as declared to its chat template (as :meth:`conversations`)."""
+        return [list(c.history.model.tools) for c in self._chains if c.side == side]
 
     def statistics(self) -> SessionStatistics:
         """See :class:`SessionStatistics`."""
