@@ -127,3 +127,25 @@ def test_tool_descriptions_with_newlines_and_quotes_render(qwen3_path: Path) -> 
     }
     model = ChatModel.from_checkpoint(qwen3_path, tools=[tool])
     assert "Reads a file" in model.render([{"role": "user", "content": "hi"}])
+
+
+def test_first_tool_with_several_required_arguments(qwen3_path: Path) -> None:
+    # Claude Code's Edit: the probe's tool call must carry every required argument.
+    edit = {
+        "type": "function",
+        "function": {
+            "name": "Edit",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "file_path": {"type": "string"},
+                    "old_string": {"type": "string"},
+                    "new_string": {"type": "string"},
+                },
+                "required": ["file_path", "old_string", "new_string"],
+            },
+        },
+    }
+    assert (
+        ChatModel.from_checkpoint(qwen3_path, tools=[edit]).tools[0]["function"]["name"] == "Edit"
+    )

@@ -268,9 +268,11 @@ class ChatModel:
                         f"{fn.get('name')!r} does not appear in the rendered prompt"
                     )
         first = self.tools[0].get("function", self.tools[0])
-        props = (first.get("parameters") or {}).get("properties") or {}
-        arg = next(iter(props), "command")
-        call = ToolCall(str(first.get("name")), {arg: _PROBE_ARG})
+        schema = first.get("parameters") or {}
+        props = schema.get("properties") or {}
+        # Every required argument (the parser checks them), else the first one.
+        names = list(schema.get("required") or ()) or [next(iter(props), "command")]
+        call = ToolCall(str(first.get("name")), dict.fromkeys(names, _PROBE_ARG))
         message = ParsedOutput(text="", content="", tool_calls=(call,)).message()
         sampled = self.assistant_text(message)
         parsed = self.parse(sampled)
