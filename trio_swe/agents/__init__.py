@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 from .._errors import PromptTooLongError
+from . import _cli as _cli  # registers the CLI agents
 from ._bash_agent import BashAgent, parse_command, render_first_prompt
 from ._harness import (
     AgentFactory,

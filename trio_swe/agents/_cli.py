@@ -26,11 +26,12 @@ import msgspec
 import trio
 
 from .._errors import AgentInstallError, ConfigError
+from ..config import SweConfig
 from ..sandbox import Sandbox
-from ._harness import DEFAULT_CLI_PROMPT, run_agent
+from ._harness import DEFAULT_CLI_PROMPT, AgentFactory, register_agent, run_agent
 from ._install import agent_cache_dir, ensure_installed
 from ._policy import Policy
-from ._types import AgentOutcome, AgentTask, BaseAgent
+from ._types import Agent, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = ["CLI_AGENTS", "CliAgent", "CliContext", "CliSpec"]
 
@@ -460,3 +461,29 @@ class CliAgent(BaseAgent):
             ]
         steps.append(f"{argv} < /dev/null")
         return "\n".join(steps)
+
+
+def _cli_factory(name: str) -> AgentFactory:
+    def factory(config: SweConfig) -> Agent:
+        from ..models import load_tokenizer
+        from ._policy import SGLangPolicy
+
+        path = str(getattr(config, "tokenizer", "") or os.environ.get("SWE_TOKENIZER", ""))
+        if not path:
+            raise ConfigError(
+                f"SWE_AGENT={name} records its turns through the gateway, which renders them "
+                "with the checkpoint's chat template: set SWE_TOKENIZER to the checkpoint folder"
+            )
+        return CliAgent(
+            name,
+            policy=SGLangPolicy(config.policy_url),
+            tokenizer=load_tokenizer(path),
+            tool_parser=str(getattr(config, "tool_parser", "auto") or "auto"),
+            own_policy=True,
+        )
+
+    return factory
+
+
+for _name in ("claude-code", "codex", "qwen-code", "opencode", "mini-swe-agent"):
+    register_agent(_name, _cli_factory(_name))

@@ -301,30 +301,3 @@ def _npm_cli_factory(config: SweConfig) -> Agent:
 
 register_agent("bash", _bash_factory)
 register_agent("npm-cli", _npm_cli_factory)
-
-
-def _cli_factory(name: str) -> AgentFactory:
-    def factory(config: SweConfig) -> Agent:
-        from ..models import load_tokenizer
-        from ._cli import CliAgent
-        from ._policy import SGLangPolicy
-
-        path = str(getattr(config, "tokenizer", "") or os.environ.get("SWE_TOKENIZER", ""))
-        if not path:
-            raise ConfigError(
-                f"SWE_AGENT={name} records its turns through the gateway, which renders them "
-                "with the checkpoint's chat template: set SWE_TOKENIZER to the checkpoint folder"
-            )
-        return CliAgent(
-            name,
-            policy=SGLangPolicy(config.policy_url),
-            tokenizer=load_tokenizer(path),
-            tool_parser=str(getattr(config, "tool_parser", "auto") or "auto"),
-            own_policy=True,
-        )
-
-    return factory
-
-
-for _name in ("claude-code", "codex", "qwen-code", "opencode", "mini-swe-agent"):
-    register_agent(_name, _cli_factory(_name))

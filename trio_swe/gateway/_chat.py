@@ -139,7 +139,12 @@ def parse_tools(raw: Any) -> tuple[list[dict[str, Any]], int]:
             continue
         nested = tool.get("function")
         fn: dict[str, Any] = nested if isinstance(nested, dict) else tool
-        tools.append(function_tool(fn.get("name"), fn.get("description"), fn.get("parameters")))
+        checked = function_tool(fn.get("name"), fn.get("description"), fn.get("parameters"))
+        if isinstance(nested, dict):
+            # As the client declared it (key order and extra keys such as "strict"): what an
+            # OpenAI-compatible server hands the template.
+            checked = {"type": "function", "function": dict(nested)}
+        tools.append(checked)
     return tools, dropped
 
 

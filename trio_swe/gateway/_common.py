@@ -229,9 +229,12 @@ def function_tool(name: Any, description: Any, parameters: Any) -> dict[str, Any
         raise ApiError(
             400, "invalid_request", f"tool {name!r}: its parameter schema must be a JSON object"
         )
-    fn: dict[str, Any] = {"name": name, "parameters": parameters}
+    # OpenAI's order (name, description, parameters): templates render the dict with tojson,
+    # which keeps key order, as an OpenAI-compatible server would pass it on.
+    fn: dict[str, Any] = {"name": name}
     if isinstance(description, str) and description:
         fn["description"] = description
+    fn["parameters"] = parameters
     return {"type": "function", "function": fn}
 
 

@@ -435,7 +435,11 @@ class _Exchange:
                 "chat": _chat.context_error_message,
             }[api](n, limit)
             raise ApiError(400, "context_length", message)
-        output = await self.call_policy(handle, pending.prompt_ids, pending.sampling_params)
+        try:
+            output = await self.call_policy(handle, pending.prompt_ids, pending.sampling_params)
+        except ApiError:
+            session.abandon(pending)
+            raise
         if output is None:
             session.abandon(pending)
             raise _ClientGone
@@ -447,12 +451,14 @@ class _Exchange:
                 "the policy aborted the generation; retry",
             )
         draft = session.draft(pending, output, model_name=self.gw.model_name)
+        # Recorded before it is sent: the client may send its next request the moment it has
+        # the reply, and that request must find this turn. (A client that drops the reply and
+        # asks again branches off the previous turn, as any rewrite does.)
+        session.commit(draft)
         try:
             await self.send_reply(api, conv, draft.reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            session.abandon(pending)
             raise _ClientGone from None
-        session.commit(draft)
 
     async def call_policy(
         self, handle: GatewaySession, ids: Any, params: Mapping[str, Any]

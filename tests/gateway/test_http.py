@@ -1,0 +1,524 @@
+"""The gateway over real HTTP (httpx on loopback) with the scripted policy on Qwen3's tokenizer:
+each API's shapes, history matching, bad input, faults, many sessions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+import trio
+import trio.testing
+
+from trio_swe import SampleBuilder
+from trio_swe.agents import PolicyError, PolicyOutput, SGLangPolicy
+from trio_swe.demo import ScriptedCompletion
+from trio_swe.demo._cli_scripts import tool_call_text
+from trio_swe.gateway import Gateway, open_gateway
+
+from ._support import qwen3_tokenizer, sampled_ids, scripted_policy
+
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read_file",
+        "description": "Read a file.\nGive an absolute path.",
+        "parameters": {
+            "type": "object",
+            "properties": {"path": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["path"],
+        },
+    },
+}
+CALL = tool_call_text("read_file", {"path": "/testbed/a.py"}, "Look at it first.")
+SCRIPT = [CALL, "It is fine."]
+SYSTEM = "You are a test agent."
+TASK = "Instance: http-1\n\nCheck a.py."
+
+
+@asynccontextmanager
+async def gateway(
+    scripts: Mapping[str, Sequence[str | ScriptedCompletion]] | None = None,
+    **kwargs: Any,
+) -> AsyncIterator[tuple[Gateway, httpx.AsyncClient, Any]]:
+    async with (
+        scripted_policy(scripts or {"http-1": SCRIPT}) as (server, policy),
+        open_gateway(policy, qwen3_tokenizer(), **kwargs) as gw,
+        httpx.AsyncClient(base_url=str(gw.url), timeout=30) as client,
+    ):
+        yield gw, client, server
+
+
+def chat_body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+    return {"model": "m", "messages": messages, "tools": [READ], **extra}
+
+
+def sse_data(text: str) -> list[Any]:
+    return [
+        json.loads(line[6:])
+        for line in text.splitlines()
+        if line.startswith("data: ") and line != "data: [DONE]"
+    ]
+
+
+async def test_chat_completions_two_turns_append_token_exact() -> None:
+    async with gateway() as (gw, client, _):
+        session = gw.open_session("ep-chat", sampling_params={"max_new_tokens": 256})
+        auth = {"authorization": f"Bearer {session.api_key}"}
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+        r = await client.post("/v1/chat/completions", json=chat_body(first), headers=auth)
+        assert r.status_code == 200, r.text
+        body = r.json()
+        msg = body["choices"][0]["message"]
+        assert body["choices"][0]["finish_reason"] == "tool_calls"
+        assert msg["reasoning_content"] == "Look at it first."
+        call = msg["tool_calls"][0]
+        assert call["function"]["name"] == "read_file"
+        assert json.loads(call["function"]["arguments"]) == {"path": "/testbed/a.py"}
+        assert body["usage"]["completion_tokens"] == len(sampled_ids(CALL))
+        # The client replays the call re-serialised compactly, content "" and a list-of-parts
+        # tool result (Qwen Code's habits); the turn still matches ours.
+        replay = {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": "read_file", "arguments": '{"path":"/testbed/a.py"}'},
+                }
+            ],
+        }
+        result = {
+            "role": "tool",
+            "tool_call_id": call["id"],
+            "content": [{"type": "text", "text": "x = 1\n"}],
+        }
+        r = await client.post(
+            "/v1/chat/completions",
+            json=chat_body(
+                [*first, replay, result], stream=True, stream_options={"include_usage": True}
+            ),
+            headers=auth,
+        )
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"].startswith("text/event-stream")
+        chunks = sse_data(r.text)
+        assert r.text.rstrip().endswith("data: [DONE]")
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if c["choices"])
+        assert text == "It is fine."
+        assert chunks[-1]["choices"] == []
+        assert chunks[-1]["usage"]["completion_tokens"] == len(sampled_ids("It is fine."))
+        stats = session.statistics()
+        assert (stats.chains, stats.turns, stats.appended, stats.forks) == (1, 2, 1, 0)
+        turns = session.turns()
+        assert turns[1].prompt_ids_list()[
+            : len(turns[0].prompt_ids) + len(turns[0].output_ids)
+        ] == (turns[0].prompt_ids_list() + turns[0].output_ids_list())
+        # The last prompt is the template's own rendering of the conversation as we know it.
+        tok = qwen3_tokenizer()
+        conversation = session.conversations()[0]
+        golden = tok.apply_chat_template(
+            conversation[:-1], tools=[READ], tokenize=True, add_generation_prompt=True
+        )
+        golden = list(golden["input_ids"] if hasattr(golden, "keys") else golden)
+        assert turns[1].prompt_ids_list() == golden
+        builder = SampleBuilder()
+        for t in turns:
+            builder.add(t)
+        (sample,) = builder.finish(reward=1.0)
+        assert sample.metadata["trajectory"]["turn_kinds"] == ["start", "clean"]
+
+
+async def test_anthropic_stream_and_replay_with_added_default() -> None:
+    edit = {
+        "name": "Edit",
+        "description": "Edit a file",
+        "input_schema": {
+            "type": "object",
+            "properties": {
+                "file_path": {"type": "string"},
+                "old_string": {"type": "string"},
+                "new_string": {"type": "string"},
+                "replace_all": {"type": "boolean"},
+            },
+            "required": ["file_path", "old_string", "new_string"],
+        },
+    }
+    args = {"file_path": "/t/a.py", "old_string": "1", "new_string": "2"}
+    script = [tool_call_text("Edit", args, "Fix it."), "Done."]
+    async with gateway({"http-1": script}) as (gw, client, _):
+        session = gw.open_session("ep-anthropic")
+        head = await client.head("/")
+        assert head.status_code == 200
+        base = {
+            "model": "claude",
+            "max_tokens": 32000,
+            "system": [{"type": "text", "text": SYSTEM, "cache_control": {"type": "ephemeral"}}],
+            "tools": [edit, {"type": "web_search_20250305", "name": "web_search"}],
+            "stream": True,
+        }
+        user = {"role": "user", "content": [{"type": "text", "text": TASK}]}
+        r = await client.post(
+            "/v1/messages?beta=true",
+            json={**base, "messages": [user]},
+            headers={"x-api-key": session.api_key, "anthropic-version": "2023-06-01"},
+        )
+        assert r.status_code == 200, r.text
+        events = [line[7:] for line in r.text.splitlines() if line.startswith("event: ")]
+        assert events[0] == "message_start"
+        assert events[-2:] == ["message_delta", "message_stop"]
+        data = sse_data(r.text)
+        deltas = [d["delta"] for d in data if d["type"] == "content_block_delta"]
+        assert {"type": "thinking_delta", "thinking": "Fix it."} in deltas
+        (tool_json,) = [d["partial_json"] for d in deltas if d["type"] == "input_json_delta"]
+        assert json.loads(tool_json) == args
+        starts = [d["content_block"] for d in data if d["type"] == "content_block_start"]
+        tool_use = next(b for b in starts if b["type"] == "tool_use")
+        signature = next(d["signature"] for d in deltas if d["type"] == "signature_delta")
+        stop = next(d for d in data if d["type"] == "message_delta")
+        assert stop["delta"]["stop_reason"] == "tool_use"
+        # Claude Code's replay: the thinking block with its signature, the input with a
+        # default added, cache_control moved onto the newest message.
+        replay = {
+            "role": "assistant",
+            "content": [
+                {"type": "thinking", "thinking": "Fix it.", "signature": signature},
+                {
+                    "type": "tool_use",
+                    "id": tool_use["id"],
+                    "name": "Edit",
+                    "input": {"replace_all": False, **args},
+                },
+            ],
+        }
+        result = {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": tool_use["id"],
+                    "content": "ok",
+                    "cache_control": {"type": "ephemeral"},
+                }
+            ],
+        }
+        r = await client.post(
+            "/v1/messages",
+            json={**base, "stream": False, "messages": [user, replay, result]},
+            headers={"authorization": f"Bearer {session.api_key}"},
+        )
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["stop_reason"] == "end_turn"
+        assert body["content"] == [{"type": "text", "text": "Done."}]
+        stats = session.statistics()
+        assert (stats.chains, stats.turns, stats.appended) == (1, 2, 1)
+        count = await client.post(
+            "/v1/messages/count_tokens",
+            json={**base, "messages": [user]},
+            headers={"x-api-key": session.api_key},
+        )
+        assert count.json()["input_tokens"] == len(session.turns()[0].prompt_ids)
+
+
+async def test_responses_stream_and_codex_style_replay() -> None:
+    exec_tool = {
+        "type": "function",
+        "name": "exec_command",
+        "description": "Run a command",
+        "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+    }
+    script = [tool_call_text("exec_command", {"cmd": "cat a.py"}, "Read."), "All good."]
+    async with gateway({"http-1": script}) as (gw, client, _):
+        session = gw.open_session("ep-responses")
+        auth = {"authorization": f"Bearer {session.api_key}"}
+        head = [
+            {
+                "type": "message",
+                "role": "developer",
+                "content": [{"type": "input_text", "text": SYSTEM}],
+            },
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": TASK}]},
+        ]
+        tools = [exec_tool, {"type": "web_search"}, {"type": "namespace", "name": "agents"}]
+        body = {"model": "m", "input": head, "tools": tools, "stream": True, "store": False}
+        r = await client.post("/v1/responses", json=body, headers=auth)
+        assert r.status_code == 200, r.text
+        data = sse_data(r.text)
+        kinds = [d["type"] for d in data]
+        assert kinds[0] == "response.created"
+        assert kinds[-1] == "response.completed"
+        items = data[-1]["response"]["output"]
+        reasoning = next(i for i in items if i["type"] == "reasoning")
+        call = next(i for i in items if i["type"] == "function_call")
+        assert json.loads(call["arguments"]) == {"cmd": "cat a.py"}
+        assert data[-1]["response"]["usage"]["output_tokens"] > 0
+        # Codex replays reasoning with content null and only encrypted_content.
+        replay = [
+            {
+                "type": "reasoning",
+                "summary": [],
+                "content": None,
+                "encrypted_content": reasoning["encrypted_content"],
+            },
+            {
+                "type": "function_call",
+                "call_id": call["call_id"],
+                "name": "exec_command",
+                "arguments": call["arguments"],
+            },
+            {"type": "function_call_output", "call_id": call["call_id"], "output": "x = 1"},
+        ]
+        r = await client.post(
+            "/v1/responses", json={**body, "input": [*head, *replay]}, headers=auth
+        )
+        assert r.status_code == 200, r.text
+        final = sse_data(r.text)[-1]["response"]["output"]
+        assert final[0]["content"][0]["text"] == "All good."
+        stats = session.statistics()
+        assert (stats.chains, stats.turns, stats.appended) == (1, 2, 1)
+
+
+async def test_bad_input_is_an_error_in_each_apis_shape_and_records_nothing() -> None:
+    async with gateway(max_body_bytes=64 * 1024) as (gw, client, server):
+        bystander = gw.open_session("ep-bystander")
+        session = gw.open_session("ep-bad")
+        key = {"authorization": f"Bearer {session.api_key}"}
+        anthropic_key = {"x-api-key": session.api_key}
+        ok = chat_body([{"role": "user", "content": TASK}])
+
+        r = await client.post("/v1/chat/completions", content=b"{not json", headers=key)
+        assert r.status_code == 400
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        r = await client.post("/v1/messages", content=b"[1, 2", headers=anthropic_key)
+        assert r.status_code == 400
+        assert r.json()["type"] == "error"
+        assert r.json()["error"]["type"] == "invalid_request_error"
+        r = await client.post("/v1/nope", json=ok, headers=key)
+        assert r.status_code == 404
+        assert "no route" in r.json()["error"]["message"]
+        r = await client.post("/v1/messages/batches", json={}, headers=anthropic_key)
+        assert r.status_code == 404
+        assert r.json()["error"]["type"] == "not_found_error"
+        big = chat_body([{"role": "user", "content": "x" * 100_000}])
+        r = await client.post("/v1/chat/completions", json=big, headers=key)
+        assert r.status_code == 413
+        assert "cap" in r.json()["error"]["message"]
+        bad_tool = {"type": "function", "function": {"name": "t", "parameters": "a string"}}
+        r = await client.post(
+            "/v1/chat/completions",
+            json={**ok, "tools": [bad_tool]},
+            headers=key,
+        )
+        assert r.status_code == 400
+        assert "parameter schema" in r.json()["error"]["message"]
+        r = await client.post(
+            "/v1/chat/completions", json={**ok, "messages": [{"role": "wizard"}]}, headers=key
+        )
+        assert r.status_code == 400
+        # Not our session: 401 in each shape.
+        r = await client.post(
+            "/v1/chat/completions", json=ok, headers={"authorization": "Bearer sk-x"}
+        )
+        assert r.status_code == 401
+        assert r.json()["error"]["code"] == "invalid_api_key"
+        r = await client.post(
+            "/v1/messages",
+            json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]},
+            headers={"x-api-key": "sk-foreign"},
+        )
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error"
+        r = await client.post("/v1/responses", json={"input": "hi"})
+        assert r.status_code == 401
+        # A finished session is refused too.
+        session.finish()
+        r = await client.post("/v1/chat/completions", json=ok, headers=key)
+        assert r.status_code == 401
+        assert server.statistics()["generations"] == 0
+        for s in (session, bystander):
+            assert s.statistics().turns == 0
+            assert s.turns() == []
+        assert bystander.statistics().requests == 0
+
+
+async def test_context_overflow_is_the_apis_error_and_a_truncated_sample() -> None:
+    async with gateway() as (gw, client, server):
+        session = gw.open_session("ep-overflow", max_context_tokens=400)
+        auth = {"authorization": f"Bearer {session.api_key}"}
+        first = [{"role": "user", "content": TASK}]
+        r = await client.post("/v1/chat/completions", json=chat_body(first), headers=auth)
+        assert r.status_code == 200, r.text
+        call = r.json()["choices"][0]["message"]["tool_calls"][0]
+        replay = {"role": "assistant", "content": None, "tool_calls": [call]}
+        huge = {"role": "tool", "tool_call_id": call["id"], "content": "line\n" * 400}
+        r = await client.post(
+            "/v1/chat/completions", json=chat_body([*first, replay, huge]), headers=auth
+        )
+        assert r.status_code == 400
+        assert r.json()["error"]["code"] == "context_length_exceeded"
+        assert server.statistics()["generations"] == 1
+        assert session.statistics().overflows == 1
+        # Anthropic's own wording on the same session (Claude Code stops on it).
+        r = await client.post(
+            "/v1/messages",
+            json={
+                "model": "m",
+                "max_tokens": 100,
+                "messages": [{"role": "user", "content": TASK + " word" * 500}],
+                "tools": [{"name": "read_file", "input_schema": READ["function"]["parameters"]}],
+            },
+            headers={"x-api-key": session.api_key},
+        )
+        assert r.status_code == 400
+        assert r.json()["error"]["message"].startswith("prompt is too long")
+        # The first chain: the turn, then the overflow as a turn with no output; its sample is
+        # cut to the context and marked truncated, the sampled turn still trained.
+        turns = session.turns()
+        assert [t.finish_reason for t in turns[:2]] == ["stop", "length"]
+        builder = SampleBuilder(max_sample_tokens=400)
+        for t in turns[:2]:
+            builder.add(t)
+        (sample,) = builder.finish(reward=0.0)
+        assert sample.status == "truncated"
+        assert sum(sample.loss_mask_list()) == len(turns[0].output_ids)
+
+
+class _FailingOnce:
+    """A policy whose first call fails as an unreachable server would, then the real one."""
+
+    def __init__(self, inner: SGLangPolicy) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        session_id: str | None = None,
+    ) -> PolicyOutput:
+        self.calls += 1
+        if self.calls == 1:
+            raise PolicyError("policy /generate answered HTTP 500: boom")
+        return await self.inner.generate(input_ids, sampling_params, session_id=session_id)
+
+
+async def test_policy_500_then_retry_records_one_turn() -> None:
+    async with scripted_policy({"http-1": SCRIPT}) as (_, policy):
+        flaky = _FailingOnce(policy)
+        async with (
+            open_gateway(flaky, qwen3_tokenizer()) as gw,
+            httpx.AsyncClient(base_url=str(gw.url), timeout=30) as client,
+        ):
+            session = gw.open_session("ep-500")
+            body = chat_body([{"role": "user", "content": TASK}])
+            auth = {"authorization": f"Bearer {session.api_key}"}
+            r = await client.post("/v1/chat/completions", json=body, headers=auth)
+            assert r.status_code == 500
+            assert r.json()["error"]["type"] == "server_error"
+            r = await client.post("/v1/chat/completions", json=body, headers=auth)
+            assert r.status_code == 200
+            stats = session.statistics()
+            assert (stats.turns, stats.failed, stats.chains) == (1, 1, 1)
+            assert gw.statistics().policy_errors == 1
+
+
+async def test_client_disconnect_aborts_the_generation() -> None:
+    slow = [ScriptedCompletion(CALL, delay_sec=30.0)]
+    async with gateway({"http-1": slow}) as (gw, client, server):
+        session = gw.open_session("ep-gone")
+        body = chat_body([{"role": "user", "content": TASK}], stream=True)
+        with trio.move_on_after(30) as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def request() -> None:
+                    await client.post(
+                        "/v1/chat/completions",
+                        json=body,
+                        headers={"authorization": f"Bearer {session.api_key}"},
+                    )
+
+                nursery.start_soon(request)
+                # Everything in this process (client, gateway, policy server) is idle once the
+                # generation is pending.
+                await trio.testing.wait_all_tasks_blocked()
+                assert server.statistics()["active"] == 1
+                nursery.cancel_scope.cancel()  # the client goes away mid-generation
+            await trio.testing.wait_all_tasks_blocked()
+        assert not scope.cancelled_caught
+        assert server.statistics()["aborts"] == 1
+        assert session.statistics().turns == 0
+        assert session.statistics().failed == 1
+
+
+async def test_hundred_concurrent_sessions() -> None:
+    scripts = {f"c-{i}": [f"Answer {i}."] for i in range(100)}
+    async with gateway(scripts) as (gw, client, server):
+        sessions = [gw.open_session(f"ep-{i}") for i in range(100)]
+        codes: dict[int, int] = {}
+
+        async def one(i: int) -> None:
+            r = await client.post(
+                "/v1/chat/completions",
+                json={"model": "m", "messages": [{"role": "user", "content": f"Instance: c-{i}"}]},
+                headers={"authorization": f"Bearer {sessions[i].api_key}"},
+            )
+            codes[i] = r.status_code
+            assert r.json()["choices"][0]["message"]["content"] == f"Answer {i}."
+
+        async with trio.open_nursery() as nursery:
+            for i in range(100):
+                nursery.start_soon(one, i)
+        assert set(codes.values()) == {200}
+        for i, s in enumerate(sessions):
+            (turn,) = s.session.turns(side=True)  # no tools: a side chain
+            assert turn.output_ids_list() == sampled_ids(f"Answer {i}.")
+        assert gw.statistics().sessions_open == 100
+        assert server.statistics()["generations"] == 100
+
+
+@pytest.mark.parametrize("api", ["chat", "anthropic"])
+async def test_ill_formed_tool_call_returned_as_text_and_marked(api: str) -> None:
+    broken = '<tool_call>\n{"name": "read_file", "arguments": {"path": \n</tool_call>'
+    async with gateway({"http-1": [broken]}) as (gw, client, _):
+        session = gw.open_session("ep-ill")
+        if api == "chat":
+            r = await client.post(
+                "/v1/chat/completions",
+                json=chat_body([{"role": "user", "content": TASK}]),
+                headers={"authorization": f"Bearer {session.api_key}"},
+            )
+            message = r.json()["choices"][0]["message"]
+            assert "tool_calls" not in message
+            text = message["content"]
+        else:
+            r = await client.post(
+                "/v1/messages",
+                json={
+                    "model": "m",
+                    "max_tokens": 100,
+                    "messages": [{"role": "user", "content": TASK}],
+                    "tools": [
+                        {"name": "read_file", "input_schema": READ["function"]["parameters"]}
+                    ],
+                },
+                headers={"x-api-key": session.api_key},
+            )
+            blocks = r.json()["content"]
+            assert [b["type"] for b in blocks] == ["text"]
+            text = blocks[0]["text"]
+        assert r.status_code == 200
+        assert text.startswith("<tool_call>")
+        (turn,) = session.turns()
+        assert turn.ill_formed
+        assert turn.output_ids_list() == sampled_ids(broken)
+        builder = SampleBuilder(keep_untrained=True)
+        builder.add(turn)
+        (sample,) = builder.finish(reward=0.0)
+        assert sum(sample.loss_mask_list()) == 0  # masked, in place
