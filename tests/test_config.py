@@ -61,7 +61,7 @@ def test_values_are_read_and_converted() -> None:
         ("NPM_INSTALL_BACKOFF_SEC", "soon"),
         ("SWE_MAX_CONTEXT_TOKENS", "1.5"),
         ("SWE_BOOT_RETRIES", "-2"),
-        ("SWE_BACKEND", "docker"),
+        ("SWE_BACKEND", "podman"),
     ],
 )
 def test_bad_values_name_the_variable(var: str, value: str) -> None:
