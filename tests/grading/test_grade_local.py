@@ -126,10 +126,16 @@ async def test_grade(
         if result.f2p_total is not None:
             assert result.f2p_passed == result.f2p_total > 0
             assert result.p2p_passed == result.p2p_total
+        if protocol == "swebench":  # recorded by the script on 4.x and 5.x alike
+            assert result.test_exit_code == 0, explain
     elif outcome == "empty":
         assert (result.reward, result.reason) == (0.0, "tests_failed"), explain
         assert result.applied_cleanly
         assert result.apply_method == "empty"
+        if protocol == "swebench":
+            assert result.test_exit_code == 1, explain
+        if result.f2p_total is not None:  # every grader now splits F2P/P2P where it can
+            assert (result.f2p_passed, result.p2p_passed) == (0, result.p2p_total), explain
     elif outcome == "no_apply":
         assert (result.reward, result.reason) == (0.0, "patch_apply_failed"), explain
         assert not result.applied_cleanly

@@ -44,3 +44,27 @@ def test_other_conda_commands_fail_loudly() -> None:
     out = _source(shim, "conda install numpy; echo rc=$?")
     assert "rc=1" in out.stdout
     assert "not available on the local backend" in out.stderr
+
+
+def test_the_repository_reinstall_is_skipped_and_nothing_else() -> None:
+    shim = local_backend_shims()["ro_binds"][ACTIVATE_PATH]
+    body = (
+        "conda activate testbed\n"
+        "python -m pip install -e . && echo skipped1\n"
+        "python -m pip install -v --no-use-pep517 --no-build-isolation -e . && echo skipped2\n"
+        "pip install -e '.[test]' && echo skipped3\n"
+        "python setup.py develop && echo skipped4\n"
+        "python -c 'print(40 + 2)'\n"
+        "python -m pip --version >/dev/null && echo pip-runs\n"
+        "python -m pip install --no-index no-such-package-xyz; echo rc=$?\n"
+    )
+    out = _source(shim, body)
+    for n in range(1, 5):
+        assert f"skipped{n}" in out.stdout
+    assert out.stderr.count("trio_swe shim: skipped") == 4
+    assert "42" in out.stdout
+    assert "pip-runs" in out.stdout
+    assert "rc=0" not in out.stdout  # an install of another package is not skipped
+    forced = _source(shim, "TRIO_SWE_REINSTALL=1 python -m pip install --no-index -e /nonexistent")
+    assert "trio_swe shim: skipped" not in forced.stderr
+    assert forced.returncode != 0

@@ -212,3 +212,29 @@ def test_classic_eval_script_builds_without_network() -> None:
     )
     assert "REASON None" in out.stdout, out.stderr[-2000:]
     assert "HAS_TESTS True" in out.stdout
+
+
+# marshmallow's parametrized ids hold spaces (SWE-bench Lite, marshmallow-code__marshmallow-1343).
+SPACED = "tests/test_marshalling.py::TestUnmarshaller::test_make_error[required-Missing data for required field.]"
+
+
+def test_test_ids_with_spaces_are_matched_as_swebench_parses_them() -> None:
+    # swebench's pytest parsers cut summary lines at whitespace: the full id in a row would
+    # count a passing test as missing (gold patch, reward 0).
+    row_tests = [SPACED, F2P[0]]
+    log = _log(f"PASSED {SPACED}", f"PASSED {F2P[0]}", f"PASSED {P2P[0]}", exit_code=0)
+    g = _grade(log, FAIL_TO_PASS=row_tests)
+    assert (g.gradable, g.resolved) == (True, True)
+    assert (g.f2p_passed, g.f2p_total) == (2, 2)
+    failing = _log(f"FAILED {SPACED} - assert", f"PASSED {F2P[0]}", f"PASSED {P2P[0]}", exit_code=1)
+    g = _grade(failing, FAIL_TO_PASS=row_tests)
+    assert (g.resolved, g.f2p_passed) == (False, 1)
+    # Rows that store the id cut short already (as SWE-bench's datasets do) are unchanged.
+    cut = SPACED.split(" ")[0]
+    assert (
+        _grade(log, FAIL_TO_PASS=[cut]).resolved,
+        _grade(log, FAIL_TO_PASS=[cut]).f2p_total,
+    ) == (
+        True,
+        1,
+    )

@@ -39,7 +39,7 @@ from ._run import (
     timed,
     timeout_result,
 )
-from ._testlog import parse_pytest_summary, split_counts
+from ._testlog import parse_pytest_summary, selectable, split_counts
 from ._types import InstanceMetadata, ScaleSweGrading, SweProSpec
 
 #: Where Scale-SWE's F2P ids expect the script (``test_fail_to_pass.py::test_x``).
@@ -174,7 +174,9 @@ class ScaleSweProtocol:
             if _PYTEST_TESTS.search(g.f2p_script):
                 # Run by pytest: Scale-SWE's scripts end in a bare ``pytest.main(...)`` whose
                 # status is thrown away, so ``python script.py`` would exit 0 when tests fail.
-                ids = " ".join(shlex.quote(t) for t in (F2P_FILE, *g.pass_to_pass))
+                # Ids may hold spaces (quoted) or be cut short (their function is run).
+                wanted = dict.fromkeys(selectable(t) for t in (F2P_FILE, *g.pass_to_pass))
+                ids = " ".join(shlex.quote(t) for t in wanted)
                 run = f"python -m pytest -rA -p no:cacheprovider {ids}"
             else:
                 run = f"python {F2P_FILE}"

@@ -138,6 +138,12 @@ def build_test_spec(md: InstanceMetadata) -> Any:
     if not isinstance(g, SweBenchGrading):
         raise SpecBuildError("not_a_swebench_row")
     inst = g.instance(md.instance_id, md.image)
+    parser = api.parsers.get(g.log_parser or "") if g.is_v5_row else None
+    if parser is None and api.repo_to_parser is not None:
+        parser = api.repo_to_parser.get(g.repo)
+    if parser is not None:
+        for key in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+            inst[key] = as_parser_ids(parser, inst[key])
     if api.major >= 5:
         if not g.is_v5_row:
             raise SpecBuildError(
@@ -205,6 +211,32 @@ def _build_v4(api: _Api, g: SweBenchGrading, inst: dict[str, Any]) -> Any:
         raise
     except Exception as exc:
         raise SpecBuildError("make_test_spec_failed", f"{type(exc).__name__}: {exc}") from exc
+
+
+_PROBE_ID = "trio_swe_probe.py::test_id[with space]"
+_cuts_at_space: dict[Any, bool] = {}
+
+
+def as_parser_ids(parser: Any, ids: list[str]) -> list[str]:
+    """The row's test ids as ``parser`` spells them in its status map.
+
+    swebench's pytest parsers split summary lines on whitespace, so a test whose id has a space
+    (``test_make_error[required-Missing data]``) is reported as
+    ``test_make_error[required-Missing``; a row listing the full id would then count a passing
+    test as missing. Whether a parser cuts is asked of the parser itself, once, on a probe line;
+    for one that does, ids are cut the same way (SWE-bench's own datasets store them so).
+    """
+    if not any(" " in t for t in ids):
+        return ids
+    cuts = _cuts_at_space.get(parser)
+    if cuts is None:
+        try:
+            status = dict(parser(f"PASSED {_PROBE_ID}\n", None))
+        except Exception:  # a parser that needs a TestSpec: leave its ids alone
+            status = {}
+        cuts = _PROBE_ID not in status and _PROBE_ID.split(" ")[0] in status
+        _cuts_at_space[parser] = cuts
+    return [t.split(" ")[0] if cuts else t for t in ids]
 
 
 def record_test_exit_code(lines: list[str]) -> list[str]:

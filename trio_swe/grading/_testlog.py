@@ -29,9 +29,34 @@ def parse_pytest_summary(log: str) -> dict[str, str]:
     return out
 
 
+def is_truncated(test_id: str) -> bool:
+    """A parametrized id cut short (``test_x[a-Missing``), as SWE-bench datasets store ids
+    that had a space: more ``[`` than ``]``."""
+    return test_id.count("[") > test_id.count("]")
+
+
+def selectable(test_id: str) -> str:
+    """An id pytest can select: a truncated parametrized id selects its whole function."""
+    return test_id.split("[", 1)[0] if is_truncated(test_id) else test_id
+
+
+def status_of(status: Mapping[str, str], test_id: str) -> str | None:
+    """``test_id``'s status; a truncated id takes the status of the ids it is a prefix of
+    (the worst of them: a FAILED one among PASSED ones is a failure)."""
+    if test_id in status:
+        return status[test_id]
+    if not is_truncated(test_id):
+        return None
+    found = [v for k, v in status.items() if k.startswith(test_id)]
+    if not found:
+        return None
+    bad = [v for v in found if v not in ("PASSED", "XFAIL")]
+    return bad[0] if bad else found[0]
+
+
 def split_counts(status: Mapping[str, str], tests: Sequence[str]) -> tuple[int, int] | None:
     """(passed, total) of ``tests`` in ``status`` (PASSED or XFAIL pass), None without tests."""
     if not tests:
         return None
-    passed = sum(1 for t in tests if status.get(t) in ("PASSED", "XFAIL"))
+    passed = sum(1 for t in tests if status_of(status, t) in ("PASSED", "XFAIL"))
     return passed, len(tests)
