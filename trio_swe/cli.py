@@ -39,7 +39,7 @@ from ._groups import leaves
 from .agents import Agent, create_agent
 from .config import BACKENDS, SweConfig
 from .episode import EpisodeResult, PhaseTimings
-from .grading import InstanceMetadata, get_metadata
+from .grading import HarnessOutputs, InstanceMetadata, get_metadata, harness_outputs
 from .results import ResultsWriter
 from .rollout import run_rollouts
 from .sandbox import Backend
@@ -292,8 +292,13 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             f"concurrency {args.concurrency}, backend {backend_name}"
         )
         agent = create_agent(config)
+        outputs = (
+            HarnessOutputs(args.harness_dir, args.run_id, f"trio_swe__{config.agent}")
+            if args.harness_dir
+            else None
+        )
         try:
-            async with _open_backend(backend_name) as backend:
+            async with _open_backend(backend_name) as backend, _maybe_outputs(outputs):
                 results = await _run_with_progress(
                     console,
                     mds,
@@ -311,9 +316,71 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             console.print(_summary_table(results))
         console.print(_aggregate_table(results))
         console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
+        if outputs is not None:
+            outputs.write_report(md.instance_id for md in mds)
+            console.print(f"harness outputs: {escape(str(outputs.report_path()))}")
         return 0
     finally:
         writer.close()
+
+
+@asynccontextmanager
+async def _maybe_outputs(outputs: HarnessOutputs | None) -> AsyncIterator[None]:
+    """Gradings inside write the harness's outputs to ``outputs`` (when given)."""
+    with harness_outputs(outputs) if outputs is not None else contextlib.nullcontext():
+        yield
+
+
+async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
+    from .grading import local_backend_shims, local_checkouts, require_protocol
+    from .grading._grade_cmd import grade_predictions, read_dataset, read_predictions
+
+    require_protocol(args.protocol)
+    predictions = read_predictions(Path(args.predictions))
+    rows = read_dataset(Path(args.dataset))
+    model = str((predictions[0] if predictions else {}).get("model_name_or_path") or "model")
+    outputs = HarnessOutputs(args.out_dir, args.run_id, model)
+    backend: Backend
+    if args.backend == "local":
+        from .sandbox.local import LocalBackend
+
+        images = local_checkouts(args.checkouts) if args.checkouts else None
+        backend = LocalBackend(**local_backend_shims(args.python_env), images=images)
+    else:
+        from .sandbox.e2b import E2BBackend
+
+        backend = E2BBackend()
+    console.print(f"grading {len(predictions)} predictions against {len(rows)} rows ({model})")
+
+    def done(iid: str, what: str) -> None:
+        console.print(f"  {escape(iid)}: {escape(what)}")
+
+    async with backend:
+        report = await grade_predictions(
+            predictions,
+            rows,
+            backend,
+            outputs,
+            protocol=args.protocol,
+            timeout_sec=args.timeout,
+            concurrency=args.concurrency,
+            on_done=done,
+        )
+    # As the harness prints its summary.
+    console.print(f"Total instances: {report['total_instances']}")
+    for label, key in (
+        ("submitted", "submitted_instances"),
+        ("completed", "completed_instances"),
+        ("incomplete", "incomplete_ids"),
+        ("resolved", "resolved_instances"),
+        ("unresolved", "unresolved_instances"),
+        ("with empty patches", "empty_patch_instances"),
+        ("with errors", "error_instances"),
+    ):
+        value = report[key]
+        console.print(f"Instances {label}: {len(value) if isinstance(value, list) else value}")
+    console.print(f"report: {escape(str(outputs.report_path()))}")
+    return 0
 
 
 async def _close_agent(agent: Agent) -> None:
@@ -444,6 +511,36 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--limit", type=int, default=None, help="run at most this many episodes")
     run.add_argument("--no-network", action="store_true", help="agent sandboxes get no network")
     run.add_argument("--no-progress", action="store_true", help="no live display")
+    run.add_argument(
+        "--harness-dir",
+        default=None,
+        help="also write SWE-bench's harness outputs here (predictions.jsonl, report, logs)",
+    )
+    run.add_argument("--run-id", default="trio_swe", help="run id of the harness outputs")
+
+    grade = sub.add_parser(
+        "grade",
+        help="grade existing predictions as SWE-bench's harness does (its outputs included)",
+    )
+    grade.add_argument("predictions", help="predictions: JSONL, a JSON list or a JSON object")
+    grade.add_argument("--dataset", required=True, help="the dataset rows (JSONL or JSON list)")
+    grade.add_argument("--protocol", default="swebench", help="grading protocol (default swebench)")
+    grade.add_argument("--backend", default="local", choices=BACKENDS)
+    grade.add_argument("--run-id", default="trio_swe", help="run id of the harness's outputs")
+    grade.add_argument("--out-dir", default=".", help="where the harness's outputs go")
+    grade.add_argument("--timeout", type=float, default=1800.0, help="seconds per test run")
+    grade.add_argument("--concurrency", type=int, default=4)
+    grade.add_argument(
+        "--python-env",
+        default=None,
+        help="local backend: bin directory of the test environment (default: this Python's)",
+    )
+    grade.add_argument(
+        "--checkouts",
+        default=None,
+        help="local backend: directory of clones named <owner>__<name>; rows boot "
+        "<dir>/<owner>__<name>@<base_commit>",
+    )
 
     demo = sub.add_parser("demo", help="run the bundled demo end to end (no network needed)")
     demo.add_argument("--concurrency", type=int, default=4)
@@ -472,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if getattr(args, "concurrency", 1) < 1:
         console.print("[red]--concurrency must be >= 1")
         return 2
-    command = _cmd_run if args.command == "run" else _cmd_demo
+    command = {"run": _cmd_run, "grade": _cmd_grade}.get(args.command, _cmd_demo)
     try:
         return trio.run(command, args, console)
     except BaseException as exc:

@@ -14,6 +14,14 @@ import msgspec
 
 from .._errors import ConfigError, MetadataError
 from ..sandbox._images import check_image, image_for
+from ._harness import (
+    EvalArtifacts,
+    HarnessOutputs,
+    active_outputs,
+    collecting,
+    harness_outputs,
+    tests_status_report,
+)
 from ._patch import patch_bytes
 from ._registry import (
     GradingProtocol,
@@ -122,10 +130,27 @@ async def run_evaluation(
             surrogate (no encoding can write it).
         SandboxError: the eval sandbox failed (infrastructure).
     """
-    patch_bytes(patch)  # checked before any sandbox boots, whatever the protocol
-    return await get_protocol(md.protocol).run_evaluation(
-        backend, md, patch, timeout_sec=timeout_sec
-    )
+    data = patch_bytes(patch)  # checked before any sandbox boots, whatever the protocol
+    protocol = get_protocol(md.protocol)
+    outputs = active_outputs()
+    if outputs is None:
+        return await protocol.run_evaluation(backend, md, patch, timeout_sec=timeout_sec)
+    # The harness's files for this instance (see harness_outputs()).
+    text = data.decode("utf-8", "surrogateescape")
+    with collecting(EvalArtifacts()) as art:
+        try:
+            result = await protocol.run_evaluation(backend, md, patch, timeout_sec=timeout_sec)
+        except Exception as exc:
+            outputs.record(md.instance_id, text, None, art, note=f"{type(exc).__name__}: {exc}")
+            raise
+    assert art is not None
+    g = md.grading
+    if art.report is None and isinstance(g, ScaleSweGrading):
+        f2p = g.swepro.fail_to_pass if g.swepro is not None else g.fail_to_pass
+        p2p = g.swepro.pass_to_pass if g.swepro is not None else g.pass_to_pass
+        art.report = tests_status_report(result, f2p, p2p)
+    outputs.record(md.instance_id, text, result, art)
+    return result
 
 
 def check_rows(rows: Iterable[Mapping[str, Any] | Any], protocol: str) -> None:
@@ -171,8 +196,10 @@ def _as_mapping(row: Mapping[str, Any] | Any) -> Mapping[str, Any]:
 
 
 __all__ = [
+    "EvalArtifacts",
     "EvalResult",
     "GradingProtocol",
+    "HarnessOutputs",
     "InstanceMetadata",
     "MetadataError",
     "ScaleSweGrading",
@@ -183,6 +210,7 @@ __all__ = [
     "evaluability_check",
     "expected_commit",
     "get_metadata",
+    "harness_outputs",
     "local_backend_shims",
     "local_checkouts",
     "register_protocol",

@@ -12,6 +12,7 @@ import msgspec
 from .._errors import SandboxFileNotFoundError
 from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, image_for, open_sandbox
 from . import _result as R
+from ._harness import collecting
 from ._patch import (
     GIT_SAFE_ENV,
     apply_script,
@@ -119,7 +120,8 @@ async def confirm_environment(
         base = result  # the run itself was the control
     else:
         t = time.monotonic()
-        base = await control()
+        with collecting(None):  # the control run's files are not the graded run's
+            base = await control()
         durations["control"] = spent = time.monotonic() - t
         durations["total"] = durations.get("total", 0.0) + spent
     if not tests_did_not_run(base, graded_tests):

@@ -20,6 +20,7 @@ import trio
 from ..sandbox import Backend, Sandbox
 from . import _result as R
 from . import _swebench_api
+from ._harness import current_artifacts
 from ._metadata import scaleswe_metadata
 from ._patch import patch_bytes
 from ._result import EvalResult
@@ -279,6 +280,7 @@ async def _grade_exit_code(
             sb, f"bash {path} > {log_path} 2>&1", budget_sec=timeout_sec, env=PLAIN_ENV
         )
         log = await read_text(sb, log_path)
+    _keep(script, log)
     if r.reason == "time_budget":
         return timeout_result(
             md,
@@ -310,6 +312,13 @@ async def _grade_exit_code(
         f2p=split_counts(status, f2p),
         p2p=split_counts(status, g.pass_to_pass),
     )
+
+
+def _keep(script: str, log: str) -> None:
+    """Hand the graded script and its full log to the harness outputs, if they are kept."""
+    art = current_artifacts()
+    if art is not None:
+        art.eval_script, art.test_output = script, log
 
 
 def _parse_test_log(g: ScaleSweGrading, grader: str, log: str) -> dict[str, str]:
@@ -349,6 +358,7 @@ async def _grade_swepro(
     stderr = await read_text(sb, err)
     if stderr:
         stdout += f"\n--- run_script.sh stderr ---\n{stderr}"
+    _keep(f"cd {shlex.quote(md.workdir)}\nbash run_script.sh {tests}\n", stdout)
     if r.reason == "time_budget":
         return timeout_result(
             md,

@@ -12,6 +12,7 @@ import trio
 from ..sandbox import Backend, Sandbox
 from . import _result as R
 from . import _swebench_api
+from ._harness import current_artifacts
 from ._metadata import swebench_metadata
 from ._patch import GIT_SAFE_ENV, patch_bytes, patch_text
 from ._result import EvalResult
@@ -112,6 +113,9 @@ class SweBenchProtocol:
                 outcome = await apply_patch(sb, md, patch)
             if not outcome.applied:
                 return not_applied_result(md, phases, outcome, grader="swebench")
+            art = current_artifacts()
+            if art is not None:
+                art.eval_script = script
             log_path = f"{EVAL_DIR}/eval.log"
             with phases.phase("tests"):
                 await sb.write_file(f"{EVAL_DIR}/eval.sh", script, user="root")
@@ -122,6 +126,8 @@ class SweBenchProtocol:
                     env=PLAIN_ENV,
                 )
                 log = await read_text(sb, log_path)
+        if art is not None:
+            art.test_output = log
         if run.reason == "time_budget":
             return timeout_result(
                 md,
@@ -150,6 +156,8 @@ class SweBenchProtocol:
                     detail=f"swebench's grading raised {type(exc).__name__}: {exc}",
                     log=log,
                 )
+        if art is not None:
+            art.report = dict(grade.report)
         common: dict[str, Any] = {
             "rung": outcome.rung,
             "grader": "swebench",

@@ -1,0 +1,151 @@
+"""``trio-swe grade PREDICTIONS --dataset ROWS``: grade existing predictions as the harness does.
+
+Predictions are what ``swebench.harness.run_evaluation --predictions_path`` reads: JSONL (one
+``{instance_id, model_name_or_path, model_patch}`` per line), a JSON list of those, or a JSON
+object keyed by instance id. Every prediction is graded in a fresh sandbox with the row's
+protocol (default ``swebench``); empty patches are not run (the harness counts them as
+``empty_patch``). Outputs: ``predictions.jsonl``, per-instance log folders and the run report
+``<model>.<run_id>.json`` under ``--out-dir`` (see ``trio_swe.grading._harness``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from .._errors import ConfigError, MetadataError, TrioSweError
+from ..sandbox import Backend
+from . import (
+    check_rows,
+    evaluability_check,
+    get_metadata,
+    resolve_image,
+    run_evaluation,
+)
+from ._harness import HarnessOutputs, harness_outputs
+
+
+def read_predictions(path: Path) -> list[dict[str, Any]]:
+    """Predictions from a JSONL file, a JSON list or a JSON object keyed by instance id."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"predictions {path}: {exc.strerror or exc}") from None
+    items: list[Any]
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        whole = None
+    if isinstance(whole, list):
+        items = whole
+    elif isinstance(whole, dict) and "instance_id" not in whole:
+        items = [{"instance_id": k, **v} if isinstance(v, dict) else v for k, v in whole.items()]
+    else:
+        items = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                items.append(json.loads(line))
+            except ValueError as exc:
+                raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
+    out: list[dict[str, Any]] = []
+    for i, p in enumerate(items):
+        if not isinstance(p, dict) or not isinstance(p.get("instance_id"), str):
+            raise ConfigError(f"{path}: prediction {i} has no instance_id")
+        patch = p.get("model_patch")
+        if patch is not None and not isinstance(patch, str):
+            raise ConfigError(f"{path}: prediction {p['instance_id']!r}: model_patch is not text")
+        out.append(p)
+    return out
+
+
+def read_dataset(path: Path) -> list[dict[str, Any]]:
+    """Dataset rows from JSONL or a JSON list."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"dataset {path}: {exc.strerror or exc}") from None
+    try:
+        whole = json.loads(text)
+    except ValueError:
+        whole = None
+    if isinstance(whole, list):
+        rows = whole
+    elif isinstance(whole, dict):
+        rows = [whole]
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError as exc:
+                    raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
+    if not all(isinstance(r, dict) for r in rows):
+        raise ConfigError(f"dataset {path}: every row must be a JSON object")
+    return rows
+
+
+async def grade_predictions(
+    predictions: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    backend: Backend,
+    outputs: HarnessOutputs,
+    *,
+    protocol: str = "swebench",
+    timeout_sec: float = 1800.0,
+    concurrency: int = 4,
+    on_done: Callable[[str, str], None] | None = None,
+) -> dict[str, Any]:
+    """Grade ``predictions`` against ``rows`` and write the harness's outputs; the run report.
+
+    Raises:
+        ConfigError: this install cannot grade the dataset (e.g. the swebench version).
+    """
+    check_rows(rows, protocol)
+    by_id: dict[str, Mapping[str, Any]] = {}
+    for row in rows:
+        iid = row.get("instance_id")
+        if isinstance(iid, str):
+            by_id[iid] = row
+    limiter = trio.CapacityLimiter(concurrency)
+    done = on_done or (lambda iid, what: None)
+
+    async def one(pred: dict[str, Any]) -> None:
+        iid = pred["instance_id"]
+        patch = pred.get("model_patch") or ""
+        row = by_id.get(iid)
+        if not patch.strip() or row is None:
+            # Empty: not run (the harness's empty_patch). Unknown: outside the dataset.
+            outputs.add_prediction(iid, patch)
+            done(iid, "empty patch" if row is not None else "not in the dataset")
+            return
+        try:
+            md = resolve_image(backend, get_metadata(row, protocol))
+        except MetadataError as exc:
+            outputs.record(iid, patch, None, None, note=f"unreadable row: {exc}")
+            done(iid, "error")
+            return
+        reason = evaluability_check(md, backend)
+        if reason is not None:
+            outputs.record(iid, patch, None, None, note=f"unevaluable: {reason}")
+            done(iid, f"error ({reason.split(':', 1)[0]})")
+            return
+        async with limiter:
+            try:
+                with harness_outputs(outputs):
+                    result = await run_evaluation(backend, md, patch, timeout_sec=timeout_sec)
+            except TrioSweError as exc:  # recorded by run_evaluation
+                done(iid, f"error ({type(exc).__name__})")
+                return
+        done(iid, result.reason)
+
+    async with trio.open_nursery() as nursery:
+        for pred in predictions:
+            nursery.start_soon(one, pred)
+    return outputs.write_report(by_id)
