@@ -86,3 +86,10 @@ async def test_huge_problem_statement_never_reaches_the_policy(tmp_path: Path) -
     assert result.samples == []
     assert result2.abort_reason == "prompt_too_long"
     assert "limit is 600" in (result2.error or "")
+
+
+def test_agent_needs_the_bash_tool_declared() -> None:
+    from trio_swe import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="bash tool"):
+        BashAgent(SGLangPolicy("http://127.0.0.1:9"), ChatModel.from_checkpoint(qwen3_dir()))

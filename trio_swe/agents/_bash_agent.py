@@ -26,7 +26,7 @@ from typing import Any, Final
 
 import trio
 
-from .._errors import PromptTooLongError, TrioSweError
+from .._errors import InvalidArgumentError, PromptTooLongError
 from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory, ToolCall
 from ..sandbox import Sandbox
 from ..trajectory import TurnRecord
@@ -230,7 +230,7 @@ class BashAgent(BaseAgent):
         if isinstance(tokenizer, ChatModel):
             names = {str(t.get("function", t).get("name")) for t in tokenizer.tools}
             if "bash" not in names:
-                raise TrioSweError(
+                raise InvalidArgumentError(
                     "the bash agent's ChatModel must declare the bash tool "
                     "(ChatModel.from_checkpoint(path, tools=[BASH_TOOL, EDIT_TOOL]))"
                 )
