@@ -149,3 +149,13 @@ def test_first_tool_with_several_required_arguments(qwen3_path: Path) -> None:
     assert (
         ChatModel.from_checkpoint(qwen3_path, tools=[edit]).tools[0]["function"]["name"] == "Edit"
     )
+
+
+def test_vocabulary_size_counts_added_tokens(qwen3: ChatModel, qwen3_path: Path) -> None:
+    from trio_swe.agents import ByteTokenizer
+    from trio_swe.agents._tokenizer import vocabulary_size
+
+    tok = load_tokenizer(qwen3_path)
+    assert tok.vocab_size == 151643  # without the added specials: <|im_end|> would be "outside"
+    assert vocabulary_size(tok) == vocabulary_size(qwen3) == len(qwen3) == 151669
+    assert vocabulary_size(ByteTokenizer()) == 256

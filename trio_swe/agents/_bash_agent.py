@@ -31,7 +31,7 @@ from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory
 from ..sandbox import Sandbox
 from ..trajectory import TurnRecord
 from ._policy import Policy, PolicyError, PolicyOutput
-from ._tokenizer import Tokenizer
+from ._tokenizer import Tokenizer, vocabulary_size
 from ._types import AgentFinish, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = ["DEFAULT_MAX_PROMPT_TOKENS", "BashAgent", "PromptTooLongError", "render_first_prompt"]
@@ -348,7 +348,7 @@ class BashAgent(BaseAgent):
 
     def _check_vocabulary(self, out: PolicyOutput) -> None:
         tok = self.tokenizer
-        size = tok.vocab_size if isinstance(tok, ChatModel) else getattr(tok, "vocab_size", None)
+        size = vocabulary_size(tok)
         if size is None:
             return
         bad = next((i for i in out.output_ids if not 0 <= i < size), None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["ByteTokenizer", "Tokenizer"]
+__all__ = ["ByteTokenizer", "Tokenizer", "vocabulary_size"]
 
 
 @runtime_checkable
@@ -41,3 +41,15 @@ class ByteTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """The text of ``token_ids`` (each must be in ``range(256)``)."""
         return bytes(token_ids).decode("utf-8", errors="replace")
+
+
+def vocabulary_size(tokenizer: object) -> int | None:
+    """How many ids ``tokenizer`` knows, added tokens included, or None when it does not say.
+
+    A Hugging Face tokenizer's ``len()`` counts its added (special) tokens, which its
+    ``vocab_size`` leaves out (Qwen3: 151669 against 151643).
+    """
+    size = getattr(tokenizer, "vocab_size", None)
+    if hasattr(tokenizer, "__len__"):
+        size = len(tokenizer)
+    return size if isinstance(size, int) else None

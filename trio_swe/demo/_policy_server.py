@@ -35,6 +35,7 @@ import trio
 from .._groups import open_private_nursery
 from ..agents import ByteTokenizer, Tokenizer
 from ..agents._bash_agent import parse_command
+from ..agents._tokenizer import vocabulary_size
 from ..models import ChatModel, ParsedOutput, ToolCall
 
 __all__ = [
@@ -156,7 +157,7 @@ class ScriptedPolicyServer:
         self._stats["generations"] += 1
         self.sampling_params_seen.append(dict(request.sampling_params))
         tok = self._tokenizer
-        size = tok.vocab_size if isinstance(tok, ChatModel) else getattr(tok, "vocab_size", None)
+        size = vocabulary_size(tok)
         if size is not None and any(not 0 <= i < size for i in request.input_ids):
             self._stats["errors"] += 1
             return 400, msgspec.json.encode({"error": "input_ids outside the vocabulary"})

@@ -78,6 +78,10 @@ class ChatModel:
         name: what errors call it (the checkpoint path).
     """
 
+    def __len__(self) -> int:
+        """:attr:`vocab_size` (added tokens included), as a Hugging Face tokenizer's ``len()``."""
+        return self.vocab_size
+
     def __init__(
         self,
         tokenizer: Any,
