@@ -55,6 +55,8 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     del ungradable["metadata"]["eval_cmd"]
     no_image = copy.deepcopy(rows["demo__calc-1"])
     no_image["metadata"]["image"] = str(tmp_path / "no-such-image")
+    bad_workdir = copy.deepcopy(rows["demo__calc-1"])
+    bad_workdir["metadata"]["workdir"] = "/usr"  # can never boot: PermanentBootError
     model = ChatModel.from_checkpoint(qwen3_dir(), tools=BashAgent.TOOLS)
 
     def sample_of(row: dict[str, Any]) -> SlimeLikeSample:
@@ -88,6 +90,7 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             generate(args, sample_of(huge), params),
             generate(args, sample_of(ungradable), params),
             generate(args, sample_of(no_image), params),
+            generate(args, sample_of(bad_workdir), params),
         )
         after = server.statistics()["generations"]
         seen.extend(server.sampling_params_seen)
@@ -99,7 +102,7 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
         results = dict(zip([*names, "eval", "oov"], out, strict=True))
         return (
             results,
-            dict(zip(["huge", "ungradable", "no_image"], bad, strict=True)),
+            dict(zip(["huge", "ungradable", "no_image", "bad_workdir"], bad, strict=True)),
             before,
             after,
         )
@@ -168,4 +171,7 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert ungradable_s.metadata["abort_reason"].startswith("unevaluable")
     (no_image_s,) = bad["no_image"]
     assert no_image_s.status is S.FAILED
-    assert no_image_s.metadata["abort_reason"].startswith("boot_failed:PermanentBootError")
+    assert no_image_s.metadata["abort_reason"].startswith("unevaluable:image")
+    (bad_workdir_s,) = bad["bad_workdir"]
+    assert bad_workdir_s.status is S.FAILED
+    assert bad_workdir_s.metadata["abort_reason"].startswith("boot_failed:PermanentBootError")
