@@ -148,16 +148,18 @@ def _summary_table(
 async def _run_with_progress(
     console: Console,
     mds: list[InstanceMetadata],
-    agent: Agent,
+    agent: Agent | None,
     *,
-    backend: Backend,
+    backend: Backend | None,
     config: SweConfig,
     concurrency: int,
     writer: ResultsWriter | None,
     network: bool,
     show_progress: bool,
     on_result: Callable[[EpisodeResult], None] | None = None,
+    pool: Any = None,
 ) -> list[EpisodeResult]:
+    """Run ``mds`` with a live display: here (``agent`` on ``backend``), or on a Ray ``pool``."""
     tally = _Tally(len(mds))
     progress = Progress(
         TextColumn("[bold]episodes"),
@@ -173,8 +175,18 @@ async def _run_with_progress(
         return Group(progress, tally.line())
 
     live = Live(render(), console=console, refresh_per_second=8, auto_refresh=show_progress)
-    with live if show_progress else contextlib.nullcontext(live):
-        async with run_rollouts(
+    if pool is not None:
+        # Workers send each result as the frame a results file stores: append it as it is.
+        stream_cm: Any = pool.rollouts(
+            mds,
+            network=network,
+            on_start=tally.started,
+            on_frame=(lambda frame, _: writer.write_frame(frame)) if writer else None,
+        )
+    else:
+        assert agent is not None
+        assert backend is not None
+        stream_cm = run_rollouts(
             mds,
             agent,
             backend=backend,
@@ -182,9 +194,11 @@ async def _run_with_progress(
             concurrency=concurrency,
             network=network,
             on_start=tally.started,
-        ) as stream:
+        )
+    with live if show_progress else contextlib.nullcontext(live):
+        async with stream_cm as stream:
             async for result in stream:
-                if writer is not None:
+                if writer is not None and pool is None:
                     writer.write(result)
                 results.append(result)
                 tally.finished(result)
@@ -286,6 +300,8 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         if args.limit is not None:
             mds = mds[: args.limit]
         skipped = sum(1 for r in writer.previous if r.status != "aborted")
+        if args.ray is not None:
+            return await _run_on_ray(args, console, config, mds, writer, skipped, unreadable)
         console.print(
             f"{len(mds)} episodes to run ({skipped} already finished in {args.out}, "
             f"{unreadable} unreadable rows), protocol {protocol}, agent {config.agent}, "
@@ -380,6 +396,64 @@ async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
         value = report[key]
         console.print(f"Instances {label}: {len(value) if isinstance(value, list) else value}")
     console.print(f"report: {escape(str(outputs.report_path()))}")
+    return 0
+
+
+async def _run_on_ray(
+    args: argparse.Namespace,
+    console: Console,
+    config: SweConfig,
+    mds: list[InstanceMetadata],
+    writer: ResultsWriter,
+    skipped: int,
+    unreadable: int,
+) -> int:
+    """``trio-swe run --ray ADDRESS``: the same run, its episodes on a Ray cluster's workers."""
+    if getattr(args, "harness_dir", None):
+        raise ConfigError("--harness-dir is not supported with --ray (grading runs on the workers)")
+    try:
+        import ray
+
+        from .ray import WorkerPool
+    except ImportError as exc:
+        raise ConfigError(f"--ray needs Ray: pip install 'trio-swe[ray]' ({exc})") from None
+    if not ray.is_initialized():
+        ray.init(address=args.ray, namespace="trio_swe", log_to_driver=False)
+    async with WorkerPool(
+        workers=args.ray_workers,
+        concurrency=args.concurrency,
+        config=config,
+        max_booting=args.max_booting,
+        max_alive=args.max_alive,
+    ) as pool:
+        nodes = len({w.info.node_id for w in pool.live_workers()})
+        console.print(
+            f"{len(mds)} episodes to run ({skipped} already finished in {args.out}, "
+            f"{unreadable} unreadable rows), protocol {config.train_protocol}, agent "
+            f"{config.agent}, backend {config.backend}, on Ray: {len(pool.live_workers())} "
+            f"workers on {nodes} nodes x concurrency {args.concurrency}"
+        )
+        results = await _run_with_progress(
+            console,
+            mds,
+            None,
+            backend=None,
+            config=config,
+            concurrency=args.concurrency,
+            writer=writer,
+            network=not args.no_network,
+            show_progress=not args.no_progress,
+            pool=pool,
+        )
+        stats = pool.statistics()
+    if len(results) <= SUMMARY_ROWS:
+        console.print(_summary_table(results))
+    console.print(_aggregate_table(results))
+    if stats["deaths"]:
+        console.print(
+            f"{stats['deaths']} worker(s) died; {stats['reruns']} episode(s) ran again elsewhere"
+        )
+    console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
     return 0
 
 
@@ -503,7 +577,36 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", default=None, help="agent name (default: SWE_AGENT or bash)")
     run.add_argument("--protocol", default=None, help="grading protocol (default: scaleswe)")
     run.add_argument("--policy-url", default=None, help="SGLang server for the bash agent")
-    run.add_argument("--concurrency", type=int, default=4)
+    run.add_argument(
+        "--concurrency", type=int, default=4, help="episodes at once (per worker with --ray)"
+    )
+    run.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        default=None,
+        help="run the episodes on a Ray cluster: its address, or auto (needs trio-swe[ray])",
+    )
+    run.add_argument(
+        "--ray-workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="with --ray: N workers spread over the cluster (default: one per node)",
+    )
+    run.add_argument(
+        "--max-alive",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --ray: sandboxes alive at once across the cluster (default: no cap)",
+    )
+    run.add_argument(
+        "--max-booting",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --ray: sandboxes booting at once across the cluster (default: no cap)",
+    )
     run.add_argument("--out", default="results.msgpack", help="results file (appended, resumable)")
     run.add_argument("--agent-budget", type=float, default=None, help="seconds per agent run")
     run.add_argument("--eval-timeout", type=float, default=None, help="seconds per test run")

@@ -214,7 +214,22 @@ async def generate(
             )
             return result, _decoder(agent)
 
-    result, decode = await aio.run(episode)
+    options = _ray_options()
+    if options is not None:
+        # SWE_RAY_WORKERS: the episode runs on the shared pool of Ray workers; this process only
+        # carries the call.
+        from ..ray import shared_pool
+
+        pool = shared_pool(options, _with_policy_url(config, url))
+        result = await pool.run_episode(
+            md,
+            episode_id=str(session_id) if session_id else None,
+            sampling_params=sampling_params,
+            build_samples=not evaluation,
+        )
+        decode = await _local_decoder(config)
+    else:
+        result, decode = await aio.run(episode)
     if result.status == "aborted":
         out = _slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)
         if (result.error or "").startswith(f"{PermanentBootError.__name__}:"):
@@ -252,6 +267,33 @@ async def generate(
         _set_status(out, status)
         outs.append(out)
     return outs
+
+
+def _ray_options() -> Any:
+    """``SWE_RAY_*`` as :class:`trio_swe.ray.RayOptions`, or None when ``SWE_RAY_WORKERS`` is unset."""
+    if os.environ.get("SWE_RAY_WORKERS", "").strip() in ("", "0"):
+        return None
+    try:
+        from ..ray import RayOptions
+    except ImportError as exc:
+        raise ConfigError(f"SWE_RAY_WORKERS needs Ray: pip install 'trio-swe[ray]' ({exc})")
+    return RayOptions.from_env()
+
+
+async def _local_decoder(config: SweConfig) -> Callable[[list[int]], str]:
+    """The response text's decoder when the agent ran on a Ray worker: the same tokenizer here."""
+    if not config.tokenizer:
+        from ..agents import ByteTokenizer
+
+        return ByteTokenizer().decode
+    import asyncio
+
+    tokenizer = await asyncio.to_thread(load_tokenizer, config.tokenizer)
+
+    def text(ids: list[int]) -> str:
+        return str(tokenizer.decode(ids))
+
+    return text
 
 
 def _decoder(agent: Agent) -> Callable[[list[int]], str]:

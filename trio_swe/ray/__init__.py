@@ -32,6 +32,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in the t
 
     raise RayNotInstalledError("trio_swe.ray needs Ray: pip install 'trio-swe[ray]'") from exc
 
+from ._env import RayOptions, shared_pool
 from ._leases import LeaseTable, LimiterStatistics
 from ._limiter import ClusterLimiter, LeasedBackend, LimiterClient, open_limiter
 from ._pool import WorkerPool, WorkerPoolError, WorkerView
@@ -43,6 +44,7 @@ __all__ = [
     "LeasedBackend",
     "LimiterClient",
     "LimiterStatistics",
+    "RayOptions",
     "RolloutWorker",
     "WorkerInfo",
     "WorkerPool",
@@ -50,4 +52,5 @@ __all__ = [
     "WorkerStatistics",
     "WorkerView",
     "open_limiter",
+    "shared_pool",
 ]

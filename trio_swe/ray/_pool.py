@@ -124,6 +124,8 @@ class WorkerPool:
         namespace: Ray namespace of named workers and the limiter.
         replace_dead: start a replacement for a worker that died.
         runtime_env: Ray runtime environment of the workers.
+        detached: a shared pool's workers outlive the process that started them (until
+            :meth:`shutdown` or the cluster's end); otherwise they die with it.
     """
 
     def __init__(
@@ -144,6 +146,7 @@ class WorkerPool:
         namespace: str | None = None,
         replace_dead: bool = True,
         runtime_env: Mapping[str, Any] | None = None,
+        detached: bool = False,
     ) -> None:
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
@@ -166,6 +169,7 @@ class WorkerPool:
         self._namespace = namespace
         self._replace_dead = replace_dead
         self._runtime_env = dict(runtime_env) if runtime_env is not None else None
+        self._detached = detached
         self._workers: list[_Worker] = []
         self._limiter: ActorHandle | None = None
         self._changed = trio.Event()
@@ -259,6 +263,8 @@ class WorkerPool:
             opts.update(name=f"{self._name}-{index}", get_if_exists=True)
             if self._namespace is not None:
                 opts["namespace"] = self._namespace
+            if self._detached:
+                opts["lifetime"] = "detached"
         handle = RolloutWorker.options(**opts).remote(
             worker_id, config, self.concurrency, self._backend, self._agent, self._limiter
         )

@@ -1,0 +1,312 @@
+"""Rollouts through Ray against ``run_rollouts`` in one process, on a simulated two-node cluster.
+
+All in one run, on :func:`trio_swe.testing.local_ray_cluster` (two Ray nodes on this machine,
+loopback only), with the demo set (minus its slow instance), the bash agent and the scripted
+policy server:
+
+* episodes per minute: ``run_rollouts`` in this process (the baseline), one Ray worker, two
+  workers (one per node) at the same total concurrency, and two workers at twice it;
+* the overhead per episode of going through Ray, at concurrency 1: the time from dispatch to
+  result as the driver sees it minus the episode's own ``timings.total`` as the worker measured
+  it, beside the same difference for ``run_rollouts`` in this process;
+* what crosses Ray per episode: encoding the job and decoding the result frame (msgpack, the
+  samples as ``encode_sample`` buffers) against pickling the same objects;
+* hosting trio in an actor: an async actor with trio as a guest of its loop (what the workers
+  do) against a threaded actor running ``trio.run`` in a thread, per call.
+
+Run: ``python -m bench ray``. ``BENCH_RAY_CONCURRENCY`` (default 4, the total) and
+``BENCH_RAY_EPISODES`` (default 14) set the throughput runs; ``BENCH_RAY_ROUNDS`` (default 1)
+repeats them (medians are printed). The machine's 2 cores are shared by both simulated nodes,
+so two workers cannot be faster than one here: the figures show what Ray costs, not a speed-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import os
+import pickle
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+import trio
+import trio.lowlevel
+
+from trio_swe import EpisodeResult, SweConfig, run_rollouts
+from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.demo import build_demo_set, open_scripted_policy_server
+from trio_swe.grading import InstanceMetadata, get_metadata
+from trio_swe.results import decode_result, encode_result
+from trio_swe.sandbox.local import LocalBackend
+
+CONCURRENCY = int(os.environ.get("BENCH_RAY_CONCURRENCY", "4"))
+EPISODES = int(os.environ.get("BENCH_RAY_EPISODES", "14"))
+ROUNDS = int(os.environ.get("BENCH_RAY_ROUNDS", "1"))
+OVERHEAD_EPISODES = 7
+
+
+def _config(policy_url: str) -> SweConfig:
+    return msgspec.structs.replace(
+        SweConfig(),
+        policy_url=policy_url,
+        agent_time_budget_sec=120.0,
+        eval_timeout_sec=120.0,
+        setup_timeout_sec=120.0,
+        boot_concurrency=16,
+        max_turns=10,
+    )
+
+
+Runner = Callable[[list[InstanceMetadata], Callable[[InstanceMetadata], None]], Awaitable[Any]]
+
+
+async def _timed(
+    run: Callable[..., Any], mds: list[InstanceMetadata]
+) -> tuple[float, list[tuple[float, EpisodeResult]]]:
+    """Wall time of one batch, and per result its dispatch-to-result latency."""
+    started: dict[str, float] = {}
+    out: list[tuple[float, EpisodeResult]] = []
+
+    def on_start(md: InstanceMetadata) -> None:
+        started[md.instance_id] = time.monotonic()
+
+    t0 = time.monotonic()
+    async with run(mds, on_start) as stream:
+        async for result in stream:
+            out.append((time.monotonic() - started[result.instance_id], result))
+    wall = time.monotonic() - t0
+    bad = [r for _, r in out if r.status == "aborted"]
+    if bad:
+        raise RuntimeError(f"aborted episodes in the benchmark: {bad[0].error}")
+    return wall, out
+
+
+async def _throughput_and_overhead(tmp: str) -> None:
+    from trio_swe.ray import WorkerPool
+
+    demo = build_demo_set(f"{tmp}/repos")
+    rows = [r for r in demo.rows if r["metadata"]["instance_id"] not in demo.timeouts]
+    mds = [get_metadata(r, "scaleswe") for r in rows]
+    batch = [mds[i % len(mds)] for i in range(EPISODES)]
+    backend_factory = functools.partial(LocalBackend, state_dir=f"{tmp}/state")
+    local_backend = backend_factory()
+    async with open_scripted_policy_server(demo.scripts) as server:
+        config = _config(server.url)
+        async with SGLangPolicy(server.url) as policy:
+            agent = BashAgent(policy, ByteTokenizer(), max_turns=10)
+
+            def local(concurrency: int) -> Callable[..., Any]:
+                def run(m: list[InstanceMetadata], on_start: Any) -> Any:
+                    return run_rollouts(
+                        m,
+                        agent,
+                        backend=local_backend,
+                        config=config,
+                        concurrency=concurrency,
+                        network=False,
+                        on_start=on_start,
+                    )
+
+                return run
+
+            def pool_opts(resources: list[dict[str, float]], concurrency: int) -> WorkerPool:
+                return WorkerPool(
+                    resources=resources,
+                    concurrency=concurrency,
+                    config=config,
+                    backend=backend_factory,
+                    limiter_name=None,
+                    num_cpus=0,  # four pools at once on nodes of 2 CPUs
+                )
+
+            one = pool_opts([{"node_a": 1}], CONCURRENCY)
+            two = pool_opts([{"node_a": 1}, {"node_b": 1}], max(1, CONCURRENCY // 2))
+            two_x2 = pool_opts([{"node_a": 1}, {"node_b": 1}], CONCURRENCY)
+            serial = pool_opts([{"node_a": 1}], 1)
+            pools = [one, two, two_x2, serial]
+            for p in pools:
+                await p.start()
+            try:
+
+                def via(pool: WorkerPool) -> Callable[..., Any]:
+                    def run(m: list[InstanceMetadata], on_start: Any) -> Any:
+                        return pool.rollouts(m, network=False, on_start=on_start)
+
+                    return run
+
+                cases = [
+                    (f"run_rollouts, one process, c={CONCURRENCY}", local(CONCURRENCY)),
+                    (f"Ray, 1 worker x c={CONCURRENCY}", via(one)),
+                    (f"Ray, 2 workers x c={max(1, CONCURRENCY // 2)}", via(two)),
+                    (f"Ray, 2 workers x c={CONCURRENCY}", via(two_x2)),
+                ]
+                walls: dict[str, list[float]] = {name: [] for name, _ in cases}
+                for _ in range(ROUNDS):
+                    for name, run in cases:  # alternating, so load drifts hit every case
+                        wall, _ = await _timed(run, batch)
+                        walls[name].append(wall)
+                base = EPISODES / statistics.median(walls[cases[0][0]]) * 60
+                print(f"{EPISODES} episodes per run, median of {ROUNDS} round(s)")
+                print(f"{'':42} {'wall s':>8} {'episodes/min':>13} {'vs one process':>15}")
+                for name, _ in cases:
+                    wall = statistics.median(walls[name])
+                    rate = EPISODES / wall * 60
+                    print(f"{name:42} {wall:>8.1f} {rate:>13.1f} {rate / base:>14.2f}x")
+
+                print()
+                ser = mds[:OVERHEAD_EPISODES]
+                _, in_process = await _timed(local(1), ser)
+                _, through_ray = await _timed(via(serial), ser)
+                local_extra = [lat - r.timings.total for lat, r in in_process]
+                ray_extra = [lat - r.timings.total for lat, r in through_ray]
+                print(f"per episode at concurrency 1, {len(ser)} episodes (ms)   median      max")
+                print(
+                    f"  dispatch-to-result minus the episode, run_rollouts "
+                    f"{statistics.median(local_extra) * 1e3:>8.1f} {max(local_extra) * 1e3:>8.1f}"
+                )
+                print(
+                    f"  dispatch-to-result minus the episode, Ray          "
+                    f"{statistics.median(ray_extra) * 1e3:>8.1f} {max(ray_extra) * 1e3:>8.1f}"
+                )
+                print(
+                    f"  episode itself (worker's timings.total)            "
+                    f"{statistics.median([r.timings.total for _, r in through_ray]) * 1e3:>8.1f}"
+                )
+                _serialisation(through_ray[0][1], ser[0])
+            finally:
+                for p in pools:
+                    await p.aclose()
+
+
+def _serialisation(result: EpisodeResult, md: InstanceMetadata) -> None:
+    from trio_swe.ray._wire import Job, decode_job, encode_job
+
+    job = Job(key="k" * 32, batch="b" * 32, md=md, sampling_params={"temperature": 1.0})
+    frame = encode_result(result)
+    loops = 2000
+
+    def per_call(fn: Callable[[], object]) -> float:
+        runs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            for _ in range(loops):
+                fn()
+            runs.append((time.perf_counter() - t0) / loops)
+        return statistics.median(runs)
+
+    msgpack_s = per_call(lambda: decode_job(encode_job(job))) + per_call(
+        lambda: decode_result(encode_result(result))
+    )
+    pickled = pickle.dumps(result)
+    pickle_s = per_call(lambda: pickle.loads(pickle.dumps(job))) + per_call(
+        lambda: pickle.loads(pickle.dumps(result))
+    )
+    tokens = sum(len(s.tokens) for s in result.samples)
+    print()
+    print(
+        f"what crosses Ray per episode ({len(result.samples)} sample(s), {tokens} tokens): "
+        f"result frame {len(frame)} B (pickle {len(pickled)} B)"
+    )
+    print(f"  msgpack job + result, encode and decode   {msgpack_s * 1e6:>8.1f} us")
+    print(f"  pickle  job + result, dumps and loads     {pickle_s * 1e6:>8.1f} us")
+    print(f"  pickle / msgpack                          {pickle_s / msgpack_s:>8.2f}x")
+
+
+# --- hosting trio in an actor ----------------------------------------------------------------
+
+
+async def _tiny_work() -> bytes:
+    for _ in range(5):
+        await trio.lowlevel.checkpoint()
+    await trio.run_process(["true"])
+    return b"x" * 200
+
+
+class _Threaded:
+    """``trio.run`` in a thread for the actor's life; calls enter it with ``trio.from_thread``."""
+
+    def __init__(self) -> None:
+        ready = threading.Event()
+        self.token: Any = None
+
+        def main() -> None:
+            async def hold() -> None:
+                self.token = trio.lowlevel.current_trio_token()
+                ready.set()
+                await trio.sleep_forever()
+
+            trio.run(hold)
+
+        threading.Thread(target=main, daemon=True).start()
+        ready.wait()
+
+    def call(self) -> bytes:
+        return trio.from_thread.run(_tiny_work, trio_token=self.token)
+
+
+class _Guest:
+    """trio as a guest of the async actor's loop, through trio_swe.aio (what workers do)."""
+
+    def __init__(self) -> None:
+        self.host: Any = None
+
+    async def call(self) -> bytes:
+        from trio_swe import aio
+
+        if self.host is None:  # keep one trio run alive, as a worker's host task does
+            self.host = asyncio.ensure_future(aio.run(trio.sleep_forever))
+        return await aio.run(_tiny_work)
+
+
+def _hosting() -> None:
+    import ray
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    threaded = ray.remote(_Threaded).options(max_concurrency=64, num_cpus=0).remote()
+    guest = ray.remote(_Guest).options(max_concurrency=64, num_cpus=0).remote()
+    ray.get([threaded.call.remote(), guest.call.remote()])
+    serial: dict[str, list[float]] = {"threaded": [], "guest": []}
+    burst: dict[str, list[float]] = {"threaded": [], "guest": []}
+    for _ in range(5):
+        for name, actor in (("threaded", threaded), ("guest", guest)):
+            for _ in range(20):
+                t0 = time.perf_counter()
+                ray.get(actor.call.remote())
+                serial[name].append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            ray.get([actor.call.remote() for _ in range(200)])
+            burst[name].append((time.perf_counter() - t0) / 200)
+    print()
+    print("trio in an actor: one call = 5 checkpoints + one subprocess     median ms")
+    for name, label in (
+        ("threaded", "threaded actor, trio.run in a thread"),
+        ("guest", "async actor, trio as guest (workers)"),
+    ):
+        print(
+            f"  {label:40} one at a time {statistics.median(serial[name]) * 1e3:>7.2f}"
+            f"   200 at once, per call {statistics.median(burst[name]) * 1e3:>6.2f}"
+        )
+    ratio = statistics.median(serial["guest"]) / statistics.median(serial["threaded"])
+    print(f"  guest / threaded, one at a time: {ratio:.2f}x")
+    ray.kill(threaded)
+    ray.kill(guest)
+
+
+def main() -> None:
+    from trio_swe.testing._ray import local_ray_cluster
+
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="bench_ray-") as tmp, local_ray_cluster():
+        print(f"two-node cluster on loopback up in {time.monotonic() - t0:.1f} s")
+        trio.run(_throughput_and_overhead, tmp)
+        _hosting()
+
+
+if __name__ == "__main__":
+    main()
