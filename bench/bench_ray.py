@@ -147,17 +147,28 @@ async def _throughput_and_overhead(tmp: str) -> None:
                     (f"Ray, 2 workers x c={CONCURRENCY}", via(two_x2)),
                 ]
                 walls: dict[str, list[float]] = {name: [] for name, _ in cases}
+                boots: dict[str, list[float]] = {name: [] for name, _ in cases}
+                totals: dict[str, list[float]] = {name: [] for name, _ in cases}
                 for _ in range(ROUNDS):
                     for name, run in cases:  # alternating, so load drifts hit every case
-                        wall, _ = await _timed(run, batch)
+                        wall, got = await _timed(run, batch)
                         walls[name].append(wall)
+                        boots[name] += [r.timings.boot for _, r in got]
+                        totals[name] += [r.timings.total for _, r in got]
                 base = EPISODES / statistics.median(walls[cases[0][0]]) * 60
                 print(f"{EPISODES} episodes per run, median of {ROUNDS} round(s)")
-                print(f"{'':42} {'wall s':>8} {'episodes/min':>13} {'vs one process':>15}")
+                print(
+                    f"{'':42} {'wall s':>8} {'episodes/min':>13} {'vs one process':>15}"
+                    f" {'episode s':>10} {'boot s':>7}"
+                )
                 for name, _ in cases:
                     wall = statistics.median(walls[name])
                     rate = EPISODES / wall * 60
-                    print(f"{name:42} {wall:>8.1f} {rate:>13.1f} {rate / base:>14.2f}x")
+                    print(
+                        f"{name:42} {wall:>8.1f} {rate:>13.1f} {rate / base:>14.2f}x"
+                        f" {statistics.median(totals[name]):>10.2f}"
+                        f" {statistics.median(boots[name]):>7.2f}"
+                    )
 
                 print()
                 ser = mds[:OVERHEAD_EPISODES]
@@ -173,6 +184,18 @@ async def _throughput_and_overhead(tmp: str) -> None:
                 print(
                     f"  dispatch-to-result minus the episode, Ray          "
                     f"{statistics.median(ray_extra) * 1e3:>8.1f} {max(ray_extra) * 1e3:>8.1f}"
+                )
+                from trio_swe.ray._bridge import wait_ref
+
+                handle = serial.live_workers()[0].handle
+                empty = []
+                for _ in range(50):
+                    t0 = time.monotonic()
+                    await wait_ref(handle.ready.remote())
+                    empty.append(time.monotonic() - t0)
+                print(
+                    f"  an empty call to the worker (ready), 50 calls      "
+                    f"{statistics.median(empty) * 1e3:>8.1f} {max(empty) * 1e3:>8.1f}"
                 )
                 print(
                     f"  episode itself (worker's timings.total)            "
@@ -203,9 +226,14 @@ def _serialisation(result: EpisodeResult, md: InstanceMetadata) -> None:
     msgpack_s = per_call(lambda: decode_job(encode_job(job))) + per_call(
         lambda: decode_result(encode_result(result))
     )
-    pickled = pickle.dumps(result)
+    # The alternative: the result with its samples as Python lists (slime's shape), pickled.
+    as_lists = (
+        msgspec.structs.replace(result, samples=[]),
+        [s.to_slime_dict() for s in result.samples],
+    )
+    pickled = pickle.dumps(as_lists)
     pickle_s = per_call(lambda: pickle.loads(pickle.dumps(job))) + per_call(
-        lambda: pickle.loads(pickle.dumps(result))
+        lambda: pickle.loads(pickle.dumps(as_lists))
     )
     tokens = sum(len(s.tokens) for s in result.samples)
     print()
@@ -214,7 +242,7 @@ def _serialisation(result: EpisodeResult, md: InstanceMetadata) -> None:
         f"result frame {len(frame)} B (pickle {len(pickled)} B)"
     )
     print(f"  msgpack job + result, encode and decode   {msgpack_s * 1e6:>8.1f} us")
-    print(f"  pickle  job + result, dumps and loads     {pickle_s * 1e6:>8.1f} us")
+    print(f"  pickle  job + result as lists, round trip {pickle_s * 1e6:>8.1f} us")
     print(f"  pickle / msgpack                          {pickle_s / msgpack_s:>8.2f}x")
 
 

@@ -42,6 +42,29 @@ def make_pool(tmp_path: Path, policy_url: str, **kwargs: Any) -> WorkerPool:
     return WorkerPool(**options)
 
 
+async def _exited(pid: int) -> None:
+    """Wait until ``pid`` has exited (a pidfd turns readable), without polling."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        with open(f"/proc/{pid}/stat") as f:
+            ppid = f.read().rsplit(")", 1)[1].split()[1]
+        return f"{pid} (parent {ppid}): {cmd[:300]}"
+    except OSError:
+        return f"{pid}: gone"
+
+
 async def assert_pool_clean(pool: WorkerPool, tmp_path: Path, dead_pids: set[int]) -> None:
     """Nothing runs, no lease is out, no sandbox process is left (the dead workers' included)."""
     for stats in await pool.worker_statistics():
@@ -54,7 +77,14 @@ async def assert_pool_clean(pool: WorkerPool, tmp_path: Path, dead_pids: set[int
     assert limits.peak_alive <= 4, limits
     assert limits.peak_booting <= 2, limits
     state = tmp_path / "state"
-    assert processes_mentioning(str(state)) == []
+    if dead_pids:
+        # A killed worker's sandboxes end through their lifeline: asynchronously, once the
+        # kernel has closed the dead process's pipe. Wait for those processes to exit.
+        with trio.move_on_after(30):
+            for pid in processes_mentioning(str(state)):
+                await _exited(pid)
+    left_pids = processes_mentioning(str(state))
+    assert left_pids == [], [_cmdline(p) for p in left_pids]
     # A killed worker cannot clean its state directories; they hold no process (checked above)
     # and the next backend on that state root sweeps them. Nobody else's may be left.
     left = {int(p.name.split("-")[1]) for p in state.glob("sb-*")}

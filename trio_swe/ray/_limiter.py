@@ -50,9 +50,11 @@ class _Limiter:
     async def _expire_forever(self) -> None:
         while True:
             await asyncio.sleep(self._table.holder_ttl_sec / 4)
+            before = self._table.statistics().reclaimed
             silent, granted = self._table.expire(time.monotonic())
-            if silent:
-                logger.warning("reclaimed the leases of silent workers %s", silent)
+            reclaimed = self._table.statistics().reclaimed - before
+            if reclaimed:
+                logger.warning("reclaimed %d leases of silent workers %s", reclaimed, silent)
             self._wake(granted)
 
     def _wake(self, granted: list[str]) -> None:
