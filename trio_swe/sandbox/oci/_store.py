@@ -28,6 +28,7 @@ from typing import IO, Any
 import msgspec
 import trio
 
+from ..._groups import open_private_nursery
 from ._manifest import (
     Descriptor,
     ImageConfig,
@@ -46,6 +47,8 @@ from ._registry import RegistryClient
 from ._unpack import unpack_layer
 
 _REF_NAME = "org.opencontainers.image.ref.name"
+#: Layer downloads in flight at once (docker pulls three at a time too).
+_PARALLEL_DOWNLOADS = 3
 
 
 class OciImage(msgspec.Struct, frozen=True):
@@ -247,15 +250,59 @@ class OciStore:
             )
             self._check_layers(manifest, config, str(ref))
 
-            async def opener(i: int, dest: Path) -> IO[bytes]:
-                await client.blob_to(ref, manifest.layers[i].digest, dest)
-                return open(dest, "rb")  # noqa: ASYNC230 (a local file, opened once)
-
-            return await self._assemble(digest, config, opener)
+            return await self._prefetching(client, ref, manifest, digest, config)
         finally:
             self._stats["bytes_downloaded"] += client.bytes_downloaded
             with trio.CancelScope(shield=True):
                 await client.aclose()
+
+    async def _prefetching(
+        self,
+        client: RegistryClient,
+        ref: Reference,
+        manifest: Manifest,
+        digest: str,
+        config: ImageConfig,
+    ) -> OciImage:
+        """Download the missing layers a few at a time while they are unpacked in order."""
+        chains = chain_ids(config.diff_ids)
+        need = [i for i, c in enumerate(chains) if not (self.root / "layers" / c).is_dir()]
+        ready = {i: trio.Event() for i in need}
+        blobs: dict[int, Path] = {}
+        failed: dict[int, Exception] = {}
+        limiter = trio.CapacityLimiter(_PARALLEL_DOWNLOADS)
+        work = Path(tempfile.mkdtemp(prefix="pull-", dir=self.root / "tmp"))
+
+        async def fetch(i: int) -> None:
+            try:
+                async with limiter:
+                    dest = work / f"{i}.blob"
+                    await client.blob_to(ref, manifest.layers[i].digest, dest)
+                    blobs[i] = dest
+            except Exception as exc:  # raised by the unpacker, in order, as a plain error
+                failed[i] = exc
+            finally:
+                ready[i].set()
+
+        async def opener(i: int, dest: Path) -> IO[bytes]:
+            if i not in ready:  # cached when we looked, gone since: fetch it now
+                await client.blob_to(ref, manifest.layers[i].digest, dest)
+                return open(dest, "rb")  # noqa: ASYNC230 (a local file, opened once)
+            await ready[i].wait()
+            if i in failed:
+                raise failed[i]
+            return open(blobs.pop(i), "rb")  # noqa: ASYNC230
+
+        try:
+            async with open_private_nursery("a layer download") as nursery:
+                for i in need:
+                    nursery.start_soon(fetch, i)
+                result = await self._assemble(digest, config, opener)
+                nursery.cancel_scope.cancel()
+            return result
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(shutil.rmtree, work, True)
 
     @staticmethod
     def _check_layers(manifest: Manifest, config: ImageConfig, what: str) -> None:

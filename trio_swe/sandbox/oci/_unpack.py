@@ -6,13 +6,15 @@ them to the disk, never following a symlink it did not check.
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import os
 import shutil
 import stat
+import subprocess
 import tarfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import IO
 
@@ -37,19 +39,54 @@ class _Hashing:
         return data
 
 
-def open_layer(raw: IO[bytes]) -> IO[bytes]:
-    """The uncompressed tar stream of a layer blob (gzip, zstd if available, or plain tar)."""
+@contextlib.contextmanager
+def open_layer(raw: IO[bytes]) -> Iterator[IO[bytes]]:
+    """The uncompressed tar stream of a layer blob (gzip, zstd if available, or plain tar).
+
+    gzip is decompressed by a ``pigz``/``gzip -dc`` child process where there is one: it runs
+    on another core while this thread parses the tar (a layer unpacks about twice as fast).
+    """
     head = raw.read(4)
     raw.seek(0)
     if head[:2] == _GZIP:
-        return gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[return-value]
+        tool = shutil.which("pigz") or shutil.which("gzip")
+        try:
+            raw.fileno()
+        except (OSError, AttributeError, ValueError):
+            tool = None  # not a real file (e.g. in memory): decompress here
+        if tool is None:
+            yield gzip.GzipFile(fileobj=raw, mode="rb")  # type: ignore[misc]
+            return
+        os.lseek(raw.fileno(), 0, os.SEEK_SET)  # the buffered read above moved the fd's offset
+        proc = subprocess.Popen(
+            [tool, "-dc"],
+            stdin=raw,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=1 << 20,
+        )
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        try:
+            yield proc.stdout
+            proc.stdout.read()  # to the end, so the exit status means something
+        finally:
+            proc.stdout.close()
+            err = proc.stderr.read()
+            proc.stderr.close()
+            if proc.wait() != 0:
+                raise ImageError(
+                    f"corrupt layer: {tool} -dc: {err.decode(errors='replace').strip()}"
+                )
+        return
     if head == _ZSTD:
         try:
             import zstandard  # type: ignore[import-not-found]
         except ImportError:
             raise ImageError("a zstd-compressed layer needs the 'zstandard' package") from None
-        return zstandard.ZstdDecompressor().stream_reader(raw)  # type: ignore[no-any-return]
-    return raw
+        yield zstandard.ZstdDecompressor().stream_reader(raw)
+        return
+    yield raw
 
 
 def _remove(path: Path) -> None:
@@ -228,14 +265,15 @@ def unpack_layer(
         ImageError: an unsafe entry, a corrupt stream, or a diff id mismatch.
     """
     dest.mkdir(mode=0o755)
-    stream = _Hashing(open_layer(blob))
     writer = _LayerWriter(dest, lowers)
     try:
-        with tarfile.open(fileobj=stream, mode="r|") as tf:  # type: ignore[call-overload]
-            for member in tf:
-                writer.apply(member, tf)
-        while stream.read(1 << 20):
-            pass  # the tar's padding counts in the diff id
+        with open_layer(blob) as plain:
+            stream = _Hashing(plain)
+            with tarfile.open(fileobj=stream, mode="r|", bufsize=1 << 20) as tf:  # type: ignore[call-overload]
+                for member in tf:
+                    writer.apply(member, tf)
+            while stream.read(1 << 20):
+                pass  # the tar's padding counts in the diff id
     except (tarfile.TarError, EOFError, gzip.BadGzipFile, OSError) as exc:
         if isinstance(exc, ImageError):
             raise
