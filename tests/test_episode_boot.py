@@ -6,6 +6,7 @@ reason, where it used to try ``boot_retries + 1`` times.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import msgspec
@@ -31,6 +32,12 @@ def _cases(repo: str) -> dict[str, tuple[dict[str, str], str]]:
     }
 
 
+# An image that cannot exist is caught before anything boots by the backend's image check
+# (``evaluability_check`` with the backend): the episode is ``unevaluable`` with no boot at all.
+# A bad workdir passes that check and fails at boot, once.
+PRE_BOOT = {"missing_image_dir", "missing_commit", "not_a_repo"}
+
+
 @pytest.mark.parametrize(
     "case", ["workdir_usr", "workdir_proc", "missing_image_dir", "missing_commit", "not_a_repo"]
 )
@@ -43,9 +50,26 @@ async def test_permanent_boot_failure_is_tried_once(tmp_path: Path, case: str) -
     agent = BashAgent(SGLangPolicy("http://127.0.0.1:9"), ByteTokenizer())
     result = await run_episode(md, agent, backend=backend, config=demo_config(boot_retries=2))
     assert result.status == "aborted"
-    assert result.abort_reason == "boot_failed"
     assert reason in (result.error or ""), result.error
-    assert (result.boot_attempts, result.boot_retries) == (1, 0)
+    if case in PRE_BOOT:
+        assert result.abort_reason == "unevaluable"
+        assert (result.error or "").startswith("image_"), result.error
+        assert (result.boot_attempts, result.boot_retries) == (0, 0)
+    else:
+        assert result.abort_reason == "boot_failed"
+        assert (result.boot_attempts, result.boot_retries) == (1, 0)
+    assert_nothing_left(tmp_path, backend)
+
+
+@pytest.mark.parametrize("case", ["missing_image_dir", "missing_commit", "not_a_repo"])
+async def test_unbootable_image_raises_permanent_boot_error(tmp_path: Path, case: str) -> None:
+    # Past the pre-boot check (open_sandbox called directly), the same images fail the boot
+    # itself with the typed, never-retried error.
+    demo, _, backend = build_demo(tmp_path)
+    changes, reason = _cases(demo.rows[0]["metadata"]["image"])[case]
+    with pytest.raises(PermanentBootError, match=re.escape(reason)):
+        async with open_sandbox(backend, changes["image"], workdir="/testbed"):
+            pass
     assert_nothing_left(tmp_path, backend)
 
 
