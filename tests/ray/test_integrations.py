@@ -178,3 +178,52 @@ async def test_trio_swe_run_on_ray_then_resume(ray_cluster: Any, tmp_path: Path)
         again = await trio.run_process(argv, env=env, capture_stdout=True, capture_stderr=True)
         assert again.returncode == 0, again.stderr.decode()
         assert "0 episodes to run (4 already finished" in again.stdout.decode()
+
+
+async def test_e2b_backend_on_the_workers_against_the_local_envd_server(
+    ray_cluster: object, tmp_path: Path
+) -> None:
+    """Each worker keeps one E2BBackend (its HTTP/2 pools) across episodes; nothing is left."""
+    from trio_swe.ray import WorkerPool
+    from trio_swe.sandbox.e2b import E2BBackend
+    from trio_swe.testing import open_envd_server
+
+    demo, mds, _ = build_demo(tmp_path)
+    picked = [md for md in mds if md.instance_id not in demo.timeouts][:4]
+    local = LocalBackend(state_dir=tmp_path / "envd-state")
+    async with (
+        open_envd_server(backend=local, templates={md.image: md.image for md in picked}) as envd,
+        open_scripted_policy_server(demo.scripts) as server,
+    ):
+        backend = functools.partial(
+            E2BBackend,
+            api_key=envd.api_key,
+            api_url=envd.api_url,
+            sandbox_url=envd.sandbox_url,
+            h2c=True,
+        )
+        async with WorkerPool(
+            resources=[{"node_a": 1}, {"node_b": 1}],
+            concurrency=2,
+            config=demo_config(policy_url=server.url, backend="e2b"),
+            backend=backend,
+            max_alive=3,
+            limiter_name=f"limiter-{uuid.uuid4().hex[:8]}",
+        ) as pool:
+            async with pool.rollouts(picked * 2, network=False) as stream:
+                results = [r async for r in stream]
+            stats = await pool.worker_statistics()
+            limits = await pool.limiter_statistics()
+        assert envd.live_sandbox_ids() == []
+    assert sorted(r.instance_id for r in results) == sorted(m.instance_id for m in picked * 2)
+    assert all(r.reward == demo.expected_rewards[r.instance_id] for r in results), [
+        (r.instance_id, r.status, r.error) for r in results
+    ]
+    assert sum(s.finished for s in stats) == 8
+    for s in stats:  # one backend per worker for all its episodes: an agent + an eval sandbox each
+        assert s.backend["sandboxes_live"] == 0, s
+        assert s.backend["sandboxes_created"] == 2 * s.finished, s
+    assert limits is not None
+    assert (limits.alive, limits.granted) == (0, 16)
+    assert limits.peak_alive <= 3
+    assert local.statistics()["live"] == 0
