@@ -26,6 +26,7 @@ import trio
 
 from trio_swe import EpisodeResult, SweConfig, open_sandbox, run_rollouts
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.config import BashAgentOptions, BootPolicy, EpisodeBudgets
 from trio_swe.demo import build_demo_set, open_scripted_policy_server
 from trio_swe.grading import get_metadata
 from trio_swe.sandbox.local import LocalBackend
@@ -59,11 +60,11 @@ async def _run() -> None:
         mds = [get_metadata(r, "scaleswe") for r in rows]
         backend = LocalBackend(state_dir=f"{tmp}/state")
         config = SweConfig(
-            agent_time_budget_sec=120,
-            eval_timeout_sec=120,
-            setup_timeout_sec=120,
-            boot_concurrency=16,
-            max_turns=10,
+            episode=EpisodeBudgets(
+                agent_time_budget_sec=120, eval_timeout_sec=120, setup_timeout_sec=120
+            ),
+            boot=BootPolicy(concurrency=16),
+            bash=BashAgentOptions(max_turns=10),
         )
         bare = await _bare_boot_cost(backend, mds[0].image)
         table: list[tuple[int, int, float, float]] = []

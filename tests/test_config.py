@@ -13,14 +13,28 @@ def test_defaults_when_nothing_is_set() -> None:
     assert config == SweConfig()
     assert config.train_protocol == config.eval_protocol == "scaleswe"
     assert config.agent == "bash"
-    assert config.npm_install_retries == 3
-    assert config.npm_install_backoff_sec == 2.0
+    assert config.npm.install_retries == 3
+    assert config.npm.install_backoff_sec == 2.0
     # The guard covers the agent, setup and eval budgets plus headroom.
     assert config.guard_sec == 1800 + 600 + 600 + 180
 
 
+def _leaf_options(cls: type, prefix: str = "") -> set[str]:
+    import msgspec
+
+    out: set[str] = set()
+    for name in cls.__struct_fields__:  # type: ignore[attr-defined]
+        default = getattr(cls(), name)
+        if isinstance(default, msgspec.Struct):
+            out |= _leaf_options(type(default), f"{prefix}{name}.")
+        else:
+            out.add(prefix + name)
+    return out
+
+
 def test_every_field_has_a_variable() -> None:
-    assert set(ENV_VARS) == set(SweConfig.__struct_fields__)
+    assert set(ENV_VARS) == _leaf_options(SweConfig)
+    assert len(set(ENV_VARS.values())) == len(ENV_VARS)  # one variable per option
 
 
 def test_values_are_read_and_converted() -> None:
@@ -38,12 +52,12 @@ def test_values_are_read_and_converted() -> None:
     config = SweConfig.from_env(env, check_protocols=False)
     assert config.eval_protocol == "swebench"
     assert config.train_protocol == "scaleswe"
-    assert config.agent_time_budget_sec == 90.5
-    assert config.boot_concurrency == 3
+    assert config.episode.agent_time_budget_sec == 90.5
+    assert config.boot.concurrency == 3
     assert config.guard_sec == 1000
-    assert config.npm_install_retries == 5
-    assert config.npm_install_backoff_sec == 0.5
-    assert config.max_context_tokens == 32768
+    assert config.npm.install_retries == 5
+    assert config.npm.install_backoff_sec == 0.5
+    assert config.episode.max_context_tokens == 32768
     assert config.agent == "bash"
     assert config.backend == "e2b"
     assert config.protocol_for(evaluation=True) == "swebench"
@@ -82,3 +96,132 @@ def test_unknown_protocol_fails_when_loaded() -> None:
         SweConfig.from_env({"SWE_TRAIN_PROTOCOL": "no-such-protocol"})
     with pytest.raises(ConfigError, match="no-such-protocol"):
         SweConfig.from_env({"SWE_EVAL_PROTOCOL": "no-such-protocol"})
+
+
+# --- every option: typed errors naming the variable; the CLI agrees with the environment ----
+
+import argparse  # noqa: E402
+import typing  # noqa: E402
+
+from trio_swe.config import (  # noqa: E402
+    BashAgentOptions,
+    BootPolicy,
+    EpisodeBudgets,
+    NpmOptions,
+    _options,
+    replace_option,
+)
+
+#: Values every option of its kind refuses.
+_BAD_STRINGS = {
+    "SWE_BACKEND": ["no-such-backend"],
+    "SWE_AGENT": ["no-such-agent"],
+    "SWE_TRAIN_PROTOCOL": ["no-such-protocol"],
+    "SWE_EVAL_PROTOCOL": ["no-such-protocol"],
+    "SWE_POLICY_URL": ["localhost:30000", "ftp://host", "http://", "http://host:port"],
+    "SWE_NPM_PREFIX": ["usr/local"],
+    "SWE_TOKENIZER": ["/no/such/checkpoint"],
+    "SWE_TOOL_PARSER": ["xml"],
+}
+
+
+def _bad_values(var: str, annotation: object) -> list[str]:
+    base = typing.get_args(annotation)[0] if typing.get_args(annotation) else annotation
+    while typing.get_args(base):
+        base = typing.get_args(base)[0]
+    if base is int:
+        return ["many", "1_000", "\u0663", "+5", "1.5", "-1", "99999999999"]
+    if base is float:
+        return ["soon", "1_000", "\u0663", "+5", "nan", "inf", "-1"]
+    return _BAD_STRINGS.get(var, [])
+
+
+_CASES = [
+    (var, value)
+    for _, var, annotation in _options(SweConfig)
+    for value in _bad_values(var, annotation)
+]
+
+
+def test_every_numeric_and_checked_variable_has_bad_values() -> None:
+    checked = {var for var, _ in _CASES}
+    unchecked = set(ENV_VARS.values()) - checked
+    # Free-form strings: a package path and command lines (any text is a valid command).
+    assert unchecked == {"SWE_NPM_PACKAGE", "SWE_NPM_START_CMD", "SWE_NPM_CHECK_CMD"}
+
+
+@pytest.mark.parametrize(("var", "value"), _CASES)
+def test_every_variable_refuses_bad_values_by_name(var: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=var) as info:
+        SweConfig.from_env({var: value})
+    assert repr(value) in str(info.value)
+
+
+def test_an_unknown_agent_fails_in_from_env_naming_the_choices() -> None:
+    with pytest.raises(ConfigError, match=r"SWE_AGENT='no-such-agent'.*bash, npm-cli"):
+        SweConfig.from_env({"SWE_AGENT": "no-such-agent"})
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: BootPolicy(concurrency="3"),  # type: ignore[arg-type]
+        lambda: BootPolicy(concurrency=0),
+        lambda: EpisodeBudgets(agent_time_budget_sec=float("nan")),
+        lambda: BashAgentOptions(policy_url="localhost"),
+        lambda: NpmOptions(install_retries=0),
+        lambda: SweConfig(boot="3"),  # type: ignore[arg-type]
+        lambda: SweConfig(agent=""),
+    ],
+)
+def test_building_options_in_python_checks_them_as_config_errors(build: object) -> None:
+    with pytest.raises(ConfigError):
+        build()  # type: ignore[operator]
+
+
+def test_replace_checks_the_value_and_names_the_option() -> None:
+    config = SweConfig()
+    assert replace_option(config, "boot.concurrency", 3).boot.concurrency == 3
+    with pytest.raises(ConfigError, match=r"boot\.concurrency"):
+        replace_option(config, "boot.concurrency", 0)
+    with pytest.raises(ConfigError, match="no option"):
+        replace_option(config, "boot.nope", 1)
+
+
+@pytest.mark.parametrize(
+    ("flag", "var", "value"),
+    [
+        ("--backend", "SWE_BACKEND", "e2b"),
+        ("--agent", "SWE_AGENT", "npm-cli"),
+        ("--protocol", "SWE_TRAIN_PROTOCOL", "swebench"),
+        ("--policy-url", "SWE_POLICY_URL", "https://policy.example:8443/v1"),
+        ("--agent-budget", "SWE_AGENT_TIME_BUDGET_SEC", "90.5"),
+        ("--eval-timeout", "SWE_EVAL_TIMEOUT_SEC", "30"),
+        ("--max-context-tokens", "SWE_MAX_CONTEXT_TOKENS", "32768"),
+    ],
+)
+def test_the_cli_and_the_environment_agree(flag: str, var: str, value: str) -> None:
+    from trio_swe.cli import _config_from_args, _parser
+
+    args = _parser().parse_args(["run", "rows.jsonl", flag, value])
+    env = {var: value}
+    if var == "SWE_TRAIN_PROTOCOL":
+        env["SWE_EVAL_PROTOCOL"] = value  # --protocol sets both
+    from_flag = _config_from_args(args, {})
+    from_env = SweConfig.from_env(env, check_protocols=False)
+    assert from_flag == from_env
+
+
+def test_a_bad_flag_is_named() -> None:
+    from trio_swe.cli import _config_from_args, _parser
+
+    for argv, pattern in [
+        (["--agent-budget", "-1"], r"--agent-budget -1\.0"),
+        (["--policy-url", "nope"], r"--policy-url 'nope'"),
+        (["--agent", "nope"], r"--agent 'nope'.*bash"),
+        (["--protocol", "nope"], r"--protocol 'nope'"),
+        (["--backend", "nope"], r"--backend 'nope'.*'local', 'e2b'"),
+    ]:
+        args: argparse.Namespace = _parser().parse_args(["run", "rows.jsonl", *argv])
+        with pytest.raises(ConfigError, match=pattern):
+            _config_from_args(args, {})

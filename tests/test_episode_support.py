@@ -6,12 +6,29 @@ import os
 from pathlib import Path
 
 from trio_swe import Sample, SweConfig
+from trio_swe.config import replace_option
 from trio_swe.demo import DemoSet, build_demo_set
 from trio_swe.grading import InstanceMetadata, get_metadata
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.testing import ScriptedCompletion, scripted_logprob
 
 END = "<|im_end|>"
+
+
+#: demo_config's keywords -> the option they set.
+_OPTION_PATHS = {
+    "agent_time_budget_sec": "episode.agent_time_budget_sec",
+    "eval_timeout_sec": "episode.eval_timeout_sec",
+    "setup_timeout_sec": "episode.setup_timeout_sec",
+    "rollout_guard_sec": "episode.rollout_guard_sec",
+    "guard_headroom_sec": "episode.guard_headroom_sec",
+    "max_context_tokens": "episode.max_context_tokens",
+    "boot_concurrency": "boot.concurrency",
+    "boot_retries": "boot.retries",
+    "boot_backoff_sec": "boot.backoff_sec",
+    "max_turns": "bash.max_turns",
+    "command_timeout_sec": "bash.command_timeout_sec",
+}
 
 
 def demo_config(**overrides: object) -> SweConfig:
@@ -27,7 +44,10 @@ def demo_config(**overrides: object) -> SweConfig:
         "boot_backoff_sec": 0.1,
     }
     values.update(overrides)
-    return SweConfig(**values)  # type: ignore[arg-type]
+    config = SweConfig()
+    for name, value in values.items():
+        config = replace_option(config, _OPTION_PATHS[name], value)
+    return config
 
 
 def build_demo(tmp_path: Path) -> tuple[DemoSet, list[InstanceMetadata], LocalBackend]:

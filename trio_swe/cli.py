@@ -5,6 +5,9 @@
 (with its samples) the moment it finishes, and on a rerun with the same ``--out`` skips the
 instances already finished (aborted ones are retried).
 
+``trio-swe results FILE`` shows a results file (a summary table) or exports it as JSON Lines or
+as SWE-bench's ``predictions.jsonl``.
+
 ``trio-swe demo`` builds the demo repositories, starts the scripted policy server on loopback and
 runs the demo episodes with the bash agent on the local backend, without network.
 """
@@ -20,7 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -33,16 +36,24 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from . import __version__
 from ._close import aclose_quietly
 from ._errors import ConfigError, MetadataError, TrioSweError
 from ._groups import leaves
 from .agents import Agent, create_agent
-from .config import BACKENDS, SweConfig
+from .config import (
+    BACKENDS,
+    BashAgentOptions,
+    BootPolicy,
+    EpisodeBudgets,
+    SweConfig,
+    replace_option,
+)
 from .episode import EpisodeResult, PhaseTimings
 from .grading import HarnessOutputs, InstanceMetadata, get_metadata, harness_outputs
-from .results import ResultsWriter
+from .results import ResultsWriter, predictions_jsonl, read_results, results_jsonl
 from .rollout import run_rollouts
-from .sandbox import Backend
+from .sandbox import Backend, open_backend
 
 __all__ = ["main"]
 
@@ -218,95 +229,106 @@ async def _run_with_progress(
 # --- trio-swe run ----------------------------------------------------------------------------
 
 
-def _read_rows(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """Every row of a JSONL file (line number, object); a typed, one-line error otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = list(f)
+    except FileNotFoundError:
+        raise ConfigError(f"instances file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"instances file {str(path)!r} cannot be read: {exc}") from None
+    rows = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{lineno}: a row must be a JSON object")
+        rows.append((lineno, row))
+    return rows
+
+
+#: ``trio-swe run``'s flags that set an option: flag -> (argparse dest, option paths).
+_RUN_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "--backend": ("backend", ("backend",)),
+    "--agent": ("agent", ("agent",)),
+    "--protocol": ("protocol", ("train_protocol", "eval_protocol")),
+    "--policy-url": ("policy_url", ("bash.policy_url",)),
+    "--agent-budget": ("agent_budget", ("episode.agent_time_budget_sec",)),
+    "--eval-timeout": ("eval_timeout", ("episode.eval_timeout_sec",)),
+    "--max-context-tokens": ("max_context_tokens", ("episode.max_context_tokens",)),
+}
+
+
+def _config_from_args(
+    args: argparse.Namespace, environ: Mapping[str, str] | None = None
+) -> SweConfig:
+    """The environment's configuration, with the flags given applied on top (each checked)."""
+    config = SweConfig.from_env(environ, check_protocols=False)  # SWE_BACKEND is checked first
+    for flag, (dest, paths) in _RUN_FLAGS.items():
+        value = getattr(args, dest)
+        if value is None:
+            continue
+        for path in paths:
             try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
-            if not isinstance(row, dict):
-                raise ConfigError(f"{path}:{lineno}: a row must be a JSON object")
-            yield lineno, row
-
-
-@asynccontextmanager
-async def _open_backend(name: str) -> AsyncIterator[Backend]:
-    if name == "local":
-        from .sandbox.local import LocalBackend
-
-        yield LocalBackend()
-    elif name == "e2b":
-        from .sandbox.e2b import E2BBackend
-
-        async with E2BBackend() as backend:
-            yield backend
-    elif name == "docker":
-        from .sandbox.docker import DockerBackend
-
-        async with DockerBackend() as backend:  # DOCKER_HOST, else /var/run/docker.sock
-            yield backend
-    else:
-        choices = ", ".join(repr(n) for n in BACKENDS)
-        raise ConfigError(f"--backend {name!r}: choose one of {choices}")
-
-
-def _config_from_args(args: argparse.Namespace) -> SweConfig:
-    env = dict(os.environ)
-    overrides = {
-        "SWE_BACKEND": args.backend,
-        "SWE_TRAIN_PROTOCOL": args.protocol,
-        "SWE_EVAL_PROTOCOL": args.protocol,
-        "SWE_AGENT": args.agent,
-        "SWE_POLICY_URL": args.policy_url,
-        "SWE_AGENT_TIME_BUDGET_SEC": args.agent_budget,
-        "SWE_EVAL_TIMEOUT_SEC": args.eval_timeout,
-        "SWE_MAX_CONTEXT_TOKENS": args.max_context_tokens,
-    }
-    env.update({k: str(v) for k, v in overrides.items() if v is not None})
-    return SweConfig.from_env(env)
+                config = replace_option(config, path, value)
+            except ConfigError as exc:
+                raise ConfigError(f"{flag} {value!r}: {exc}") from None
+    try:
+        config.validate_agent()
+    except ConfigError as exc:
+        raise ConfigError(f"--agent {args.agent!r}: {exc}" if args.agent else str(exc)) from None
+    try:
+        config.validate_protocols()
+    except ConfigError as exc:
+        raise ConfigError(
+            f"--protocol {args.protocol!r}: {exc}" if args.protocol else str(exc)
+        ) from None
+    return config
 
 
 async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
-    config = _config_from_args(args)  # SWE_BACKEND (or --backend) is checked first
-    backend_name = config.backend
+    config = _config_from_args(args)
     protocol = config.train_protocol
-    writer = ResultsWriter(args.out)
-    try:
-        # Resume: instances already finished (not aborted) are skipped, as many times as they
-        # finished (a dataset may repeat an instance for several samples).
-        finished = collections.Counter(
-            r.instance_id for r in writer.previous if r.status != "aborted"
-        )
-        mds: list[InstanceMetadata] = []
-        rows: list[dict[str, Any]] = []
-        unreadable = 0
-        for lineno, row in _read_rows(Path(args.instances)):
-            rows.append(row)
-            try:
-                md = get_metadata(row, protocol)
-            except MetadataError as exc:
-                unreadable += 1
-                console.print(f"[yellow]skipping line {lineno}: {exc}")
-                continue
-            if finished[md.instance_id] > 0:
-                finished[md.instance_id] -= 1
-                continue
-            mds.append(md)
-        # Before anything boots: can this install grade these rows (e.g. the swebench version)?
-        config.check_rows(rows)
-        if args.limit is not None:
-            mds = mds[: args.limit]
-        skipped = sum(1 for r in writer.previous if r.status != "aborted")
-        if args.ray is not None:
-            return await _run_on_ray(args, console, config, mds, writer, skipped, unreadable)
+    rows = _read_rows(Path(args.instances))  # before the results file is touched
+    # Resume: instances already finished (not aborted) are skipped, as many times as they
+    # finished (a dataset may repeat an instance for several samples).
+    previous, _ = read_results(args.out)
+    finished = collections.Counter(r.instance_id for r in previous if r.status != "aborted")
+    skipped = sum(finished.values())
+    mds: list[InstanceMetadata] = []
+    unreadable = 0
+    for lineno, row in rows:
+        try:
+            md = get_metadata(row, protocol)
+        except MetadataError as exc:
+            unreadable += 1
+            console.print(f"[yellow]skipping line {lineno}: {exc}")
+            continue
+        if finished[md.instance_id] > 0:
+            finished[md.instance_id] -= 1
+            continue
+        mds.append(md)
+    # Before anything boots: can this install grade these rows (e.g. the swebench version)?
+    config.check_rows([row for _, row in rows])
+    if args.limit is not None:
+        mds = mds[: args.limit]
+    if args.ray is None:
         console.print(
             f"{len(mds)} episodes to run ({skipped} already finished in {args.out}, "
             f"{unreadable} unreadable rows), protocol {protocol}, agent {config.agent}, "
-            f"concurrency {args.concurrency}, backend {backend_name}"
+            f"concurrency {args.concurrency}, backend {config.backend}"
         )
+    with ResultsWriter(args.out) as writer:
+        # An aborted instance that runs again replaces its aborted frames (no duplicates).
+        rerun = {md.instance_id for md in mds}
+        writer.keep_only(lambda r: r.status != "aborted" or r.instance_id not in rerun)
+        if args.ray is not None:
+            return await _run_on_ray(args, console, config, mds, writer, skipped, unreadable)
         agent = create_agent(config)
         outputs = (
             HarnessOutputs(args.harness_dir, args.run_id, f"trio_swe__{config.agent}")
@@ -314,7 +336,7 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             else None
         )
         try:
-            async with _open_backend(backend_name) as backend, _maybe_outputs(outputs):
+            async with open_backend(config.backend) as backend, _maybe_outputs(outputs):
                 results = await _run_with_progress(
                     console,
                     mds,
@@ -327,17 +349,58 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                     show_progress=not args.no_progress,
                 )
         finally:
-            await _close_agent(agent)
-        if len(results) <= SUMMARY_ROWS:
+            await aclose_quietly([agent], timeout_sec=10.0)
+    if len(results) <= SUMMARY_ROWS:
+        console.print(_summary_table(results))
+    console.print(_aggregate_table(results))
+    console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
+    if outputs is not None:
+        outputs.write_report(md.instance_id for md in mds)
+        console.print(f"harness outputs: {escape(str(outputs.report_path()))}")
+    return _exit_code(console, results)
+
+
+def _exit_code(console: Console, results: Sequence[EpisodeResult]) -> int:
+    """0, or 1 when every episode of the run was aborted (nothing was graded)."""
+    if results and all(r.status == "aborted" for r in results):
+        console.print(
+            f"[red]every episode of this run was aborted ({len(results)}): "
+            "see the abort reasons above"
+        )
+        return 1
+    return 0
+
+
+# --- trio-swe results ------------------------------------------------------------------------
+
+
+def _cmd_results(args: argparse.Namespace, console: Console) -> int:
+    path = Path(args.file)
+    if not path.is_file():
+        raise ConfigError(f"results file {str(path)!r} does not exist")
+    results, intact = read_results(path)
+    if intact < path.stat().st_size:
+        console.print(
+            f"[yellow]{path}: the last {path.stat().st_size - intact} bytes are a frame cut "
+            "short (an interrupted writer); reading the intact part"
+        )
+    if args.format == "table":
+        if len(results) <= SUMMARY_ROWS or args.all:
             console.print(_summary_table(results))
         console.print(_aggregate_table(results))
-        console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
-        if outputs is not None:
-            outputs.write_report(md.instance_id for md in mds)
-            console.print(f"harness outputs: {escape(str(outputs.report_path()))}")
         return 0
-    finally:
-        writer.close()
+    if args.format == "jsonl":
+        lines = results_jsonl(results, samples=args.samples)
+    else:
+        lines = predictions_jsonl(results, model=args.model)
+    data = b"".join(lines)
+    if args.output in (None, "-"):
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    else:
+        Path(args.output).write_bytes(data)
+        console.print(f"wrote {len(lines)} lines to {args.output}")
+    return 0
 
 
 @asynccontextmanager
@@ -356,22 +419,16 @@ async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
     rows = read_dataset(Path(args.dataset))
     model = str((predictions[0] if predictions else {}).get("model_name_or_path") or "model")
     outputs = HarnessOutputs(args.out_dir, args.run_id, model)
-    backend: Backend
+    options: dict[str, Any] = {}
     if args.backend == "local":
-        from .sandbox.local import LocalBackend
-
         images = local_checkouts(args.checkouts) if args.checkouts else None
-        backend = LocalBackend(**local_backend_shims(args.python_env), images=images)
-    else:
-        from .sandbox.e2b import E2BBackend
-
-        backend = E2BBackend()
+        options = {**local_backend_shims(args.python_env), "images": images}
     console.print(f"grading {len(predictions)} predictions against {len(rows)} rows ({model})")
 
     def done(iid: str, what: str) -> None:
         console.print(f"  {escape(iid)}: {escape(what)}")
 
-    async with backend:
+    async with open_backend(args.backend, options) as backend:
         report = await grade_predictions(
             predictions,
             rows,
@@ -454,12 +511,7 @@ async def _run_on_ray(
             f"{stats['deaths']} worker(s) died; {stats['reruns']} episode(s) ran again elsewhere"
         )
     console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
-    return 0
-
-
-async def _close_agent(agent: Agent) -> None:
-    """Close the agent's HTTP client (the bash agent's policy), even on the way out of a cancel."""
-    await aclose_quietly([agent], timeout_sec=10.0)
+    return _exit_code(console, results)
 
 
 # --- trio-swe demo ---------------------------------------------------------------------------
@@ -478,14 +530,15 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     try:
         demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
         config = SweConfig(
-            agent_time_budget_sec=args.agent_budget,
-            eval_timeout_sec=60.0,
-            setup_timeout_sec=60.0,
-            guard_headroom_sec=60.0,
-            boot_concurrency=max(args.concurrency, 1),
-            max_turns=10,
-            command_timeout_sec=30.0,
-            max_context_tokens=args.max_context_tokens,
+            episode=EpisodeBudgets(
+                agent_time_budget_sec=args.agent_budget,
+                eval_timeout_sec=60.0,
+                setup_timeout_sec=60.0,
+                guard_headroom_sec=60.0,
+                max_context_tokens=args.max_context_tokens,
+            ),
+            boot=BootPolicy(concurrency=max(args.concurrency, 1)),
+            bash=BashAgentOptions(max_turns=10, command_timeout_sec=30.0),
         )
         config.validate_protocols()
         mds = [get_metadata(row, "scaleswe") for row in demo.rows]
@@ -517,8 +570,8 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
                 agent = BashAgent(
                     policy,
                     tokenizer,
-                    max_turns=config.max_turns,
-                    command_timeout_sec=config.command_timeout_sec,
+                    max_turns=config.bash.max_turns,
+                    command_timeout_sec=config.bash.command_timeout_sec,
                 )
                 results = await _run_with_progress(
                     console,
@@ -558,27 +611,80 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
 
 # --- entry point -----------------------------------------------------------------------------
 
+_EXAMPLES = """\
+examples:
+  trio-swe demo                                   the bundled demo: 8 episodes, no network
+  trio-swe run rows.jsonl --policy-url http://127.0.0.1:30000 --concurrency 8
+  SWE_BACKEND=e2b E2B_API_KEY=... trio-swe run rows.jsonl --out results.msgpack
+  trio-swe run rows.jsonl --protocol swebench --limit 10
+  trio-swe results results.msgpack                a summary of a results file
+  trio-swe results results.msgpack --format predictions --model my-model -o predictions.jsonl
+
+Options not given as flags come from the environment (SWE_*, see `SweConfig`); a rerun with the
+same --out skips the instances already finished and retries the aborted ones.
+"""
+
+
+def _from_env_help(var: str, builtin: object) -> str:
+    """Where a flag's default comes from: the variable (and its value here), else the built-in."""
+    raw = os.environ.get(var, "").strip()
+    if raw:
+        return f"default: ${var}={raw!r} here; {builtin} when unset"
+    return f"default: {builtin}, or ${var} when set"
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="trio-swe", description="Run coding-agent episodes for RL on SWE tasks."
+        prog="trio-swe",
+        description="Run coding-agent episodes for RL on SWE tasks.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
+    defaults = SweConfig()
 
-    run = sub.add_parser("run", help="run one episode per row of a JSONL dataset")
+    run = sub.add_parser(
+        "run",
+        help="run one episode per row of a JSONL dataset",
+        description="Run one episode per row of a JSONL dataset and append each result to a "
+        "results file (resumable: a rerun skips what finished and retries what aborted). "
+        "Exits 0 when the run finished, 1 when every episode of it was aborted, 2 on bad "
+        "input, 130 when interrupted.",
+        epilog=_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("instances", help="JSONL file, one dataset row per line")
     run.add_argument(
         "--backend",
         default=None,
-        choices=BACKENDS,
-        help="where sandboxes run (default: SWE_BACKEND or local); e2b reads E2B_API_KEY, "
+        help="where sandboxes run: local, e2b, or a registered backend "
+        f"({_from_env_help('SWE_BACKEND', defaults.backend)}); e2b reads E2B_API_KEY, "
         "E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN and SSL_CERT_FILE",
     )
-    run.add_argument("--agent", default=None, help="agent name (default: SWE_AGENT or bash)")
-    run.add_argument("--protocol", default=None, help="grading protocol (default: scaleswe)")
-    run.add_argument("--policy-url", default=None, help="SGLang server for the bash agent")
     run.add_argument(
-        "--concurrency", type=int, default=4, help="episodes at once (per worker with --ray)"
+        "--agent",
+        default=None,
+        help=f"agent name in the registry ({_from_env_help('SWE_AGENT', defaults.agent)})",
+    )
+    run.add_argument(
+        "--protocol",
+        default=None,
+        help="grading protocol: scaleswe, swebench, or a registered one "
+        f"({_from_env_help('SWE_TRAIN_PROTOCOL', defaults.train_protocol)})",
+    )
+    run.add_argument(
+        "--policy-url",
+        default=None,
+        help="SGLang server the bash agent calls "
+        f"({_from_env_help('SWE_POLICY_URL', defaults.bash.policy_url)})",
+    )
+    run.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="episodes running at once (per worker with --ray); boots are further limited by "
+        "SWE_BOOT_CONCURRENCY (default: 4)",
     )
     run.add_argument(
         "--ray",
@@ -607,10 +713,32 @@ def _parser() -> argparse.ArgumentParser:
         metavar="N",
         help="with --ray: sandboxes booting at once across the cluster (default: no cap)",
     )
-    run.add_argument("--out", default="results.msgpack", help="results file (appended, resumable)")
-    run.add_argument("--agent-budget", type=float, default=None, help="seconds per agent run")
-    run.add_argument("--eval-timeout", type=float, default=None, help="seconds per test run")
-    run.add_argument("--max-context-tokens", type=int, default=None)
+    run.add_argument(
+        "--out",
+        default="results.msgpack",
+        help="results file, appended and resumable (default: results.msgpack)",
+    )
+    run.add_argument(
+        "--agent-budget",
+        type=float,
+        default=None,
+        help="seconds per agent run "
+        f"({_from_env_help('SWE_AGENT_TIME_BUDGET_SEC', defaults.episode.agent_time_budget_sec)})",
+    )
+    run.add_argument(
+        "--eval-timeout",
+        type=float,
+        default=None,
+        help="seconds per graded test run "
+        f"({_from_env_help('SWE_EVAL_TIMEOUT_SEC', defaults.episode.eval_timeout_sec)})",
+    )
+    run.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=None,
+        help="cap of a sample's tokens, 0 for none "
+        f"({_from_env_help('SWE_MAX_CONTEXT_TOKENS', defaults.episode.max_context_tokens)})",
+    )
     run.add_argument("--limit", type=int, default=None, help="run at most this many episodes")
     run.add_argument("--no-network", action="store_true", help="agent sandboxes get no network")
     run.add_argument("--no-progress", action="store_true", help="no live display")
@@ -645,10 +773,25 @@ def _parser() -> argparse.ArgumentParser:
         "<dir>/<owner>__<name>@<base_commit>",
     )
 
-    demo = sub.add_parser("demo", help="run the bundled demo end to end (no network needed)")
-    demo.add_argument("--concurrency", type=int, default=4)
-    demo.add_argument("--agent-budget", type=float, default=5.0)
-    demo.add_argument("--max-context-tokens", type=int, default=16384)
+    demo = sub.add_parser(
+        "demo",
+        help="run the bundled demo end to end (no network needed)",
+        description="Build the demo repositories, start the scripted policy server on loopback "
+        "and run the demo episodes with the bash agent on the local backend. Exits 0 when "
+        "every episode earned the reward its script plays for.",
+    )
+    demo.add_argument(
+        "--concurrency", type=int, default=4, help="episodes running at once (default: 4)"
+    )
+    demo.add_argument(
+        "--agent-budget", type=float, default=5.0, help="seconds per agent run (default: 5)"
+    )
+    demo.add_argument(
+        "--max-context-tokens",
+        type=int,
+        default=16384,
+        help="cap of a sample's tokens (default: 16384)",
+    )
     demo.add_argument("--out", default=None, help="also write the results here")
     demo.add_argument("--keep", action="store_true", help="keep the demo repositories")
     demo.add_argument("--no-progress", action="store_true", help="no live display")
@@ -661,6 +804,32 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--tool-parser", default="auto", help="tool-call format with --tokenizer (default: auto)"
     )
+
+    results = sub.add_parser(
+        "results",
+        help="show or export a results file",
+        description="Show a results file written by `trio-swe run` (a summary table), or export "
+        "it as JSON Lines (one EpisodeResult per line) or as SWE-bench's predictions.jsonl "
+        "(instance_id, model_name_or_path, model_patch; the last finished episode of each "
+        "instance, aborted ones left out).",
+    )
+    results.add_argument("file", help="a results file (results.msgpack)")
+    results.add_argument(
+        "--format",
+        choices=("table", "jsonl", "predictions"),
+        default="table",
+        help="what to print (default: table)",
+    )
+    results.add_argument(
+        "--model", default="trio-swe", help="model_name_or_path of predictions (default: trio-swe)"
+    )
+    results.add_argument(
+        "--samples", action="store_true", help="jsonl: include each result's samples"
+    )
+    results.add_argument("--all", action="store_true", help="table: list every episode")
+    results.add_argument(
+        "-o", "--output", default=None, help="write the export here (default: standard output)"
+    )
     return parser
 
 
@@ -669,6 +838,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # A pipe or a file gets a wide, plain console (no cursor tricks, no wrapped ids).
     console = Console() if sys.stdout.isatty() else Console(width=140, no_color=True)
+    if args.command == "results":
+        try:
+            return _cmd_results(args, console)
+        except TrioSweError as exc:
+            console.print(f"[red]error: {escape(str(exc))}")
+            return 2
     if getattr(args, "concurrency", 1) < 1:
         console.print("[red]--concurrency must be >= 1")
         return 2

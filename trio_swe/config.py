@@ -1,8 +1,23 @@
-"""``SweConfig``: every knob of an episode and a rollout, read from the environment.
+"""``SweConfig``: the options of every layer, read from the environment.
+
+Each layer has its own options struct, and :class:`SweConfig` composes them:
+
+======================  =====================  ==================================================
+struct                  ``SweConfig`` field    layer
+======================  =====================  ==================================================
+(``SweConfig`` itself)  ``backend``, ...       what runs: backend, protocols, agent
+:class:`EpisodeBudgets`  ``episode``           one episode's budgets and its sample cap
+:class:`BootPolicy`     ``boot``               booting sandboxes: concurrency, retries, backoff
+:class:`BashAgentOptions`  ``bash``            the built-in bash agent and its policy server
+:class:`NpmOptions`     ``npm``                CLI agents shipped as npm packages
+======================  =====================  ==================================================
 
 Nothing is read at import time: a trainer calls :meth:`SweConfig.from_env` when it starts (and
 again whenever it wants to pick up changed variables). A bad value fails right there with a
-:class:`~trio_swe.ConfigError` naming the variable, never halfway through a rollout.
+:class:`~trio_swe.ConfigError` naming the variable, never halfway through a rollout. Building
+the structs in Python checks them the same way (a wrong type or an out-of-range value is a
+``ConfigError``, not a ``TypeError`` later), and so does :func:`msgspec.structs.replace`, which is
+how the CLI applies its flags (:func:`replace_option`).
 
 Environment variables (defaults in brackets):
 
@@ -10,136 +25,137 @@ Environment variables (defaults in brackets):
 variable                       meaning                                                  default
 =============================  ======================================================  =========
 ``SWE_BACKEND``                sandbox backend of ``generate()`` and ``trio-swe run``   local
-                               (``local``, ``e2b`` or ``docker``)
+                               (``local``, ``e2b``, ``docker``, or one registered)
 ``SWE_TRAIN_PROTOCOL``         grading protocol of training episodes                    scaleswe
 ``SWE_EVAL_PROTOCOL``          grading protocol of evaluation episodes                  scaleswe
 ``SWE_AGENT``                  agent name in the registry (``trio_swe.agents``)         bash
-``SWE_POLICY_URL``             base URL of the SGLang server the bash agent calls       http://127.0.0.1:30000
 ``SWE_AGENT_TIME_BUDGET_SEC``  wall-clock budget of the agent                           1800
 ``SWE_EVAL_TIMEOUT_SEC``       budget of the graded test run                            600
 ``SWE_SETUP_TIMEOUT_SEC``      budget of the workspace's pre-commands                   600
 ``SWE_ROLLOUT_GUARD_SEC``      outer bound of an episode; 0 = agent+setup+eval+headroom  0
 ``SWE_GUARD_HEADROOM_SEC``     added to the computed guard (boot, patch, kill)          180
+``SWE_MAX_CONTEXT_TOKENS``     cap of a sample's tokens; 0 = no cap                     0
 ``SWE_BOOT_CONCURRENCY``       sandboxes booting at once, shared by all episodes        16
 ``SWE_BOOT_RETRIES``           boot retries after the first attempt                     2
 ``SWE_BOOT_BACKOFF_SEC``       base of the full-jitter exponential boot backoff         1.0
 ``SWE_BOOT_BACKOFF_MAX_SEC``   cap of one boot backoff                                  30
-``SWE_MAX_CONTEXT_TOKENS``     cap of a sample's tokens; 0 = no cap                     0
+``SWE_POLICY_URL``             base URL (http/https) of the SGLang server               http://127.0.0.1:30000
 ``SWE_MAX_TURNS``              turn limit of the bash agent                             50
 ``SWE_COMMAND_TIMEOUT_SEC``    limit of one bash-agent command                          300
 ``SWE_OBSERVATION_MAX_CHARS``  tail of a command's output shown to the policy           4000
 ``NPM_INSTALL_RETRIES``        attempts of ``npm install`` of a CLI agent               3
 ``NPM_INSTALL_BACKOFF_SEC``    backoff unit between npm attempts (x attempt number)     2.0
+``SWE_NPM_PACKAGE``            host path of the ``npm-cli`` agent's package tarball     (none)
+``SWE_NPM_START_CMD``          its start command (``{prompt}``, ``{workdir}``, ...)     (none)
+``SWE_NPM_CHECK_CMD``          the command that proves the install worked               true
+``SWE_NPM_PREFIX``             npm's global prefix in the sandbox                       /usr/local
 ``SWE_TOKENIZER``              checkpoint folder of the bash agent's tokenizer and      (none:
                                chat template (tool calls); generate() prefers            byte
                                slime's ``args.hf_checkpoint``                           tokens)
 ``SWE_TOOL_PARSER``            tool-call format: ``hermes``, ``qwen3_coder``, or         auto
                                ``auto`` (inferred from the chat template)
 =============================  ======================================================  =========
+
+Numbers are decimal ASCII (``1_000``, ``+5`` and non-ASCII digits are refused), finite, and
+within the range each field states.
+
+Adding an option: put a field on the struct of its layer, typed with its constraints and its
+variable, and document it in the table above::
+
+    class BashAgentOptions(_Options, frozen=True, kw_only=True):
+        ...
+        tokenizer: Annotated[str, env("SWE_TOKENIZER")] = ""
+
+``from_env`` reads it, the error for a bad value names the variable, ``ENV_VARS`` lists it, and
+the tests that check every field has a variable (``tests/test_config.py``) cover it. A new
+layer is a new ``_Options`` struct and a field of that type on :class:`SweConfig`.
 """
 
 from __future__ import annotations
 
+import contextvars
+import math
 import os
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Annotated, Any, TypeVar
 
 import msgspec
 
 from ._errors import ConfigError
 
-__all__ = ["BACKENDS", "SweConfig"]
+__all__ = [
+    "BACKENDS",
+    "ENV_VARS",
+    "BashAgentOptions",
+    "BootPolicy",
+    "EpisodeBudgets",
+    "NpmOptions",
+    "SweConfig",
+    "env",
+    "replace_option",
+]
 
-#: The values ``SWE_BACKEND`` accepts.
+#: The built-in values of ``SWE_BACKEND`` (see :func:`trio_swe.sandbox.available_backends`).
 BACKENDS: tuple[str, ...] = ("local", "e2b", "docker")
 
+#: Seconds: positive, finite, at most a year.
+_YEAR = 365 * 24 * 3600.0
 
-class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Configuration of episodes and rollouts (see the module docstring for the variables).
+
+def env(name: str, **constraints: Any) -> msgspec.Meta:
+    """The metadata of an option: its environment variable and its constraints (``ge``, ...)."""
+    return msgspec.Meta(extra={"env": name}, **constraints)
+
+
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=_YEAR)]
+SecondsOrZero = Annotated[float, msgspec.Meta(ge=0, le=_YEAR)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+Positive = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
+Name = Annotated[str, msgspec.Meta(pattern=r"\S")]
+_URL_PATTERN = r"^https?://[^/\s:]+(:[0-9]{1,5})?(/\S*)?$"
+Url = Annotated[str, msgspec.Meta(pattern=_URL_PATTERN)]
+
+_VALIDATING: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "trio_swe_config_validating", default=False
+)
+
+S = TypeVar("S", bound="_Options")
+
+
+class _Options(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of the options structs: checked against their own annotations when built."""
+
+    def __post_init__(self) -> None:
+        if _VALIDATING.get():
+            return  # an inner struct rebuilt by the check below
+        token = _VALIDATING.set(True)
+        try:
+            msgspec.convert(msgspec.to_builtins(self), type(self))
+        except msgspec.ValidationError as exc:
+            raise ConfigError(f"{type(self).__name__}: {exc}") from None
+        finally:
+            _VALIDATING.reset(token)
+
+
+class EpisodeBudgets(_Options, frozen=True, kw_only=True):
+    """One episode's budgets (seconds) and its sample cap.
 
     Attributes:
-        backend: sandbox backend of ``generate()`` and ``trio-swe run`` (``SWE_BACKEND``), one of
-            :data:`BACKENDS`.
-        train_protocol: grading protocol of training episodes (``SWE_TRAIN_PROTOCOL``).
-        eval_protocol: grading protocol of evaluation episodes (``SWE_EVAL_PROTOCOL``).
-        agent: the agent's name in the registry (``SWE_AGENT``).
-        policy_url: base URL of the SGLang-compatible server (``SWE_POLICY_URL``).
         agent_time_budget_sec: the agent's wall-clock budget.
         eval_timeout_sec: the graded test run's budget.
         setup_timeout_sec: the workspace pre-commands' budget.
         rollout_guard_sec: outer bound of one episode; 0 means :attr:`guard_sec` is computed.
         guard_headroom_sec: added to the agent, setup and eval budgets for the computed guard.
-        boot_concurrency: how many sandboxes may boot at once across all episodes of a run.
-        boot_retries: boot retries after the first attempt (so ``1 + boot_retries`` attempts).
-        boot_backoff_sec: base of the full-jitter exponential backoff between boot attempts.
-        boot_backoff_max_sec: cap of one backoff.
         max_context_tokens: cap of a sample's tokens (``0``: no cap).
-        max_turns: turn limit of the built-in bash agent.
-        command_timeout_sec: limit of one command of the bash agent.
-        observation_max_chars: how much of a command's output the bash agent shows the policy.
-        npm_install_retries: attempts of ``npm install`` for a CLI agent (``NPM_INSTALL_RETRIES``).
-        npm_install_backoff_sec: backoff unit between npm attempts (``NPM_INSTALL_BACKOFF_SEC``).
-        tokenizer: checkpoint folder whose tokenizer and chat template the bash agent speaks
-            (``SWE_TOKENIZER``); empty: the byte tokenizer and its text dialect.
-        tool_parser: the checkpoint's tool-call format (``SWE_TOOL_PARSER``), or ``auto``.
     """
 
-    backend: str = "local"
-    train_protocol: str = "scaleswe"
-    eval_protocol: str = "scaleswe"
-    agent: str = "bash"
-    policy_url: str = "http://127.0.0.1:30000"
-    agent_time_budget_sec: float = 1800.0
-    eval_timeout_sec: float = 600.0
-    setup_timeout_sec: float = 600.0
-    rollout_guard_sec: float = 0.0
-    guard_headroom_sec: float = 180.0
-    boot_concurrency: int = 16
-    boot_retries: int = 2
-    boot_backoff_sec: float = 1.0
-    boot_backoff_max_sec: float = 30.0
-    max_context_tokens: int = 0
-    max_turns: int = 50
-    command_timeout_sec: float = 300.0
-    observation_max_chars: int = 4000
-    npm_install_retries: int = 3
-    npm_install_backoff_sec: float = 2.0
-    tokenizer: str = ""
-    tool_parser: str = "auto"
-
-    def __post_init__(self) -> None:
-        _check(self.backend in BACKENDS, "backend", f"{self.backend!r}: {_BACKEND_CHOICES}")
-        _check(self.agent_time_budget_sec > 0, "agent_time_budget_sec", "must be > 0")
-        _check(self.eval_timeout_sec > 0, "eval_timeout_sec", "must be > 0")
-        _check(self.setup_timeout_sec > 0, "setup_timeout_sec", "must be > 0")
-        _check(self.rollout_guard_sec >= 0, "rollout_guard_sec", "must be >= 0")
-        _check(self.guard_headroom_sec >= 0, "guard_headroom_sec", "must be >= 0")
-        _check(self.boot_concurrency >= 1, "boot_concurrency", "must be >= 1")
-        _check(self.boot_retries >= 0, "boot_retries", "must be >= 0")
-        _check(self.boot_backoff_sec >= 0, "boot_backoff_sec", "must be >= 0")
-        _check(self.boot_backoff_max_sec >= 0, "boot_backoff_max_sec", "must be >= 0")
-        _check(self.max_context_tokens >= 0, "max_context_tokens", "must be >= 0")
-        _check(self.max_turns >= 1, "max_turns", "must be >= 1")
-        _check(self.command_timeout_sec > 0, "command_timeout_sec", "must be > 0")
-        _check(self.observation_max_chars >= 0, "observation_max_chars", "must be >= 0")
-        _check(self.npm_install_retries >= 1, "npm_install_retries", "must be >= 1")
-        _check(self.npm_install_backoff_sec >= 0, "npm_install_backoff_sec", "must be >= 0")
-        _check(bool(self.agent.strip()), "agent", "must be a non-empty name")
-        if self.tokenizer:
-            # Loaded later (by the agent); a path that cannot be a checkpoint fails right here.
-            _check(
-                os.path.isdir(self.tokenizer),
-                "tokenizer",
-                f"{self.tokenizer!r} is not a checkpoint directory",
-            )
-        if self.tool_parser != "auto":
-            from .models import available_tool_parsers
-
-            _check(
-                self.tool_parser in available_tool_parsers(),
-                "tool_parser",
-                f"{self.tool_parser!r}: choose auto or one of {', '.join(available_tool_parsers())}",
-            )
+    agent_time_budget_sec: Annotated[Seconds, env("SWE_AGENT_TIME_BUDGET_SEC")] = 1800.0
+    eval_timeout_sec: Annotated[Seconds, env("SWE_EVAL_TIMEOUT_SEC")] = 600.0
+    setup_timeout_sec: Annotated[Seconds, env("SWE_SETUP_TIMEOUT_SEC")] = 600.0
+    rollout_guard_sec: Annotated[SecondsOrZero, env("SWE_ROLLOUT_GUARD_SEC")] = 0.0
+    guard_headroom_sec: Annotated[SecondsOrZero, env("SWE_GUARD_HEADROOM_SEC")] = 180.0
+    max_context_tokens: Annotated[Count, env("SWE_MAX_CONTEXT_TOKENS")] = 0
 
     @property
     def guard_sec(self) -> float:
@@ -153,6 +169,116 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
             + self.guard_headroom_sec
         )
 
+
+class BootPolicy(_Options, frozen=True, kw_only=True):
+    """How sandboxes boot: how many at once, and the retries of a failed boot.
+
+    Attributes:
+        concurrency: sandboxes booting at once across all episodes of a trio run.
+        retries: boot retries after the first attempt (so ``1 + retries`` attempts).
+        backoff_sec: base of the full-jitter exponential backoff between attempts.
+        backoff_max_sec: cap of one backoff.
+    """
+
+    concurrency: Annotated[Positive, env("SWE_BOOT_CONCURRENCY")] = 16
+    retries: Annotated[Count, env("SWE_BOOT_RETRIES")] = 2
+    backoff_sec: Annotated[SecondsOrZero, env("SWE_BOOT_BACKOFF_SEC")] = 1.0
+    backoff_max_sec: Annotated[SecondsOrZero, env("SWE_BOOT_BACKOFF_MAX_SEC")] = 30.0
+
+
+class BashAgentOptions(_Options, frozen=True, kw_only=True):
+    """The built-in bash agent and the policy server it calls.
+
+    Attributes:
+        policy_url: base URL of the SGLang-compatible server (``http://`` or ``https://``).
+        max_turns: policy calls per run.
+        command_timeout_sec: limit of one command.
+        observation_max_chars: how much of a command's output the policy is shown.
+        tokenizer: checkpoint folder whose tokenizer and chat template the bash agent speaks
+            (``SWE_TOKENIZER``); empty: the byte tokenizer and its text dialect.
+        tool_parser: the checkpoint's tool-call format (``SWE_TOOL_PARSER``), or ``auto``.
+    """
+
+    policy_url: Annotated[Url, env("SWE_POLICY_URL")] = "http://127.0.0.1:30000"
+    max_turns: Annotated[Positive, env("SWE_MAX_TURNS")] = 50
+    command_timeout_sec: Annotated[Seconds, env("SWE_COMMAND_TIMEOUT_SEC")] = 300.0
+    observation_max_chars: Annotated[Count, env("SWE_OBSERVATION_MAX_CHARS")] = 4000
+    tokenizer: Annotated[str, env("SWE_TOKENIZER")] = ""
+    tool_parser: Annotated[Name, env("SWE_TOOL_PARSER")] = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.tokenizer and not os.path.isdir(self.tokenizer):
+            # Loaded later (by the agent); a path that cannot be a checkpoint fails right here.
+            raise ConfigError(f"tokenizer {self.tokenizer!r} is not a checkpoint directory")
+        if self.tool_parser != "auto":
+            from .models import available_tool_parsers
+
+            choices = available_tool_parsers()
+            if self.tool_parser not in choices:
+                raise ConfigError(
+                    f"tool_parser {self.tool_parser!r}: choose auto or one of {', '.join(choices)}"
+                )
+
+
+class NpmOptions(_Options, frozen=True, kw_only=True):
+    """CLI agents shipped as npm packages (the ``npm-cli`` agent and :func:`install_npm_cli`).
+
+    Attributes:
+        install_retries: attempts of ``npm install``.
+        install_backoff_sec: backoff unit between attempts (times the attempt number).
+        package: host path of the package tarball (``npm pack``); ``npm-cli`` needs it.
+        start_cmd: the CLI's start command template; ``npm-cli`` needs it.
+        check_cmd: a command that proves the install worked.
+        prefix: npm's global prefix inside the sandbox.
+    """
+
+    install_retries: Annotated[Positive, env("NPM_INSTALL_RETRIES")] = 3
+    install_backoff_sec: Annotated[SecondsOrZero, env("NPM_INSTALL_BACKOFF_SEC")] = 2.0
+    package: Annotated[str, env("SWE_NPM_PACKAGE")] = ""
+    start_cmd: Annotated[str, env("SWE_NPM_START_CMD")] = ""
+    check_cmd: Annotated[Name, env("SWE_NPM_CHECK_CMD")] = "true"
+    prefix: Annotated[str, env("SWE_NPM_PREFIX", pattern=r"^/")] = "/usr/local"
+
+
+class SweConfig(_Options, frozen=True, kw_only=True):
+    """Configuration of episodes and rollouts (see the module docstring for the variables).
+
+    Attributes:
+        backend: sandbox backend of ``generate()`` and ``trio-swe run`` (``SWE_BACKEND``).
+        train_protocol: grading protocol of training episodes (``SWE_TRAIN_PROTOCOL``).
+        eval_protocol: grading protocol of evaluation episodes (``SWE_EVAL_PROTOCOL``).
+        agent: the agent's name in the registry (``SWE_AGENT``).
+        episode: the episode's budgets, :class:`EpisodeBudgets`.
+        boot: how sandboxes boot, :class:`BootPolicy`.
+        bash: the bash agent and its policy server, :class:`BashAgentOptions`.
+        npm: CLI agents from npm, :class:`NpmOptions`.
+    """
+
+    backend: Annotated[Name, env("SWE_BACKEND")] = "local"
+    train_protocol: Annotated[Name, env("SWE_TRAIN_PROTOCOL")] = "scaleswe"
+    eval_protocol: Annotated[Name, env("SWE_EVAL_PROTOCOL")] = "scaleswe"
+    agent: Annotated[Name, env("SWE_AGENT")] = "bash"
+    episode: EpisodeBudgets = msgspec.field(default_factory=EpisodeBudgets)
+    boot: BootPolicy = msgspec.field(default_factory=BootPolicy)
+    bash: BashAgentOptions = msgspec.field(default_factory=BashAgentOptions)
+    npm: NpmOptions = msgspec.field(default_factory=NpmOptions)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from .sandbox import available_backends
+
+        choices = available_backends()
+        if self.backend not in choices:
+            raise ConfigError(
+                f"backend {self.backend!r}: choose one of {', '.join(repr(n) for n in choices)}"
+            )
+
+    @property
+    def guard_sec(self) -> float:
+        """The outer bound of one episode (:attr:`EpisodeBudgets.guard_sec`)."""
+        return self.episode.guard_sec
+
     def protocol_for(self, *, evaluation: bool) -> str:
         """The grading protocol of an evaluation (``True``) or a training episode."""
         return self.eval_protocol if evaluation else self.train_protocol
@@ -165,8 +291,29 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
         """
         from .grading import require_protocol
 
-        for name in {self.train_protocol, self.eval_protocol}:
-            require_protocol(name)
+        checked: set[str] = set()
+        for var, name in (
+            ("SWE_TRAIN_PROTOCOL", self.train_protocol),
+            ("SWE_EVAL_PROTOCOL", self.eval_protocol),
+        ):
+            if name in checked:
+                continue
+            checked.add(name)
+            try:
+                require_protocol(name)
+            except ConfigError as exc:
+                raise ConfigError(f"{var}={name!r}: {exc}") from None
+
+    def validate_agent(self) -> None:
+        """Check that ``agent`` names a registered agent.
+
+        Raises:
+            ConfigError: naming the variable and the registered agents.
+        """
+        from .agents._registry import available_agents, unknown_agent
+
+        if self.agent not in available_agents():
+            raise unknown_agent(self.agent)
 
     def check_rows(self, rows: Iterable[Any]) -> None:
         """Check that this install can grade rows shaped like ``rows`` under both protocols.
@@ -194,7 +341,8 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
     ) -> SweConfig:
         """Read the configuration from the environment (or ``environ``).
 
-        Unset or empty variables keep their defaults.
+        Unset or empty variables keep their defaults. ``SWE_BACKEND`` is checked first, then
+        every other variable, then the agent's name, then (``check_protocols``) the protocols.
 
         Args:
             environ: the variables to read; ``os.environ`` by default.
@@ -203,88 +351,146 @@ class SweConfig(msgspec.Struct, frozen=True, kw_only=True):
                 grade their shapes (:meth:`check_rows`), when ``check_protocols``.
 
         Raises:
-            ConfigError: a variable is malformed or out of range (the message names it), or a
-                protocol is unknown or unusable.
+            ConfigError: a variable is malformed or out of range (the message names it), the
+                agent or backend is unknown (the message names the choices), or a protocol is
+                unknown or unusable.
         """
-        env = os.environ if environ is None else environ
-        values: dict[str, object] = {}
-        for field, (var, parse) in _ENV_FIELDS.items():
-            raw = env.get(var, "").strip()
+        source = os.environ if environ is None else environ
+        given: list[tuple[tuple[str, ...], str, str, Any]] = []
+        for path, var, annotation in _options(cls):  # SWE_BACKEND comes first
+            raw = source.get(var, "").strip()
             if not raw:
                 continue
             try:
-                values[field] = parse(raw)
-            except ValueError:
-                raise ConfigError(f"{var}={raw!r} is not a valid {_KIND[parse]}") from None
+                value = msgspec.convert(raw, annotation, strict=False)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"{var}={raw!r}: {_describe(exc)}") from None
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ConfigError(f"{var}={raw!r}: must be a finite number")
+            if path == ("backend",):
+                cls._check_backend(var, value)
+            given.append((path, var, raw, value))
         try:
-            config = cls(**values)  # type: ignore[arg-type]
-        except ConfigError as exc:
-            field = str(exc).split(" ", 1)[0]
-            var = _ENV_FIELDS.get(field, (field, str))[0]
-            raise ConfigError(f"{var}: {exc}") from None
+            config = _build(cls, given)
+        except (ConfigError, msgspec.ValidationError):
+            # A check across a struct failed (a path that must exist, a name that must be
+            # registered): find the variable it is about, to name it.
+            for one in given:
+                try:
+                    _build(cls, [one])
+                except (ConfigError, msgspec.ValidationError) as exc:
+                    _, var, raw, _ = one
+                    raise ConfigError(f"{var}={raw!r}: {_describe(exc)}") from None
+            raise
+        config.validate_agent()
         if check_protocols:
             config.validate_protocols()
             if rows is not None:
                 config.check_rows(rows)
         return config
 
+    @staticmethod
+    def _check_backend(var: str, name: str) -> None:
+        from .sandbox import available_backends
 
-def _check(ok: bool, field: str, what: str) -> None:
-    if not ok:
-        raise ConfigError(f"{field} {what}")
-
-
-def _parse_name(raw: str) -> str:
-    return raw
-
-
-_BACKEND_CHOICES = "choose one of " + ", ".join(repr(b) for b in BACKENDS)
-
-
-def _parse_backend(raw: str) -> str:
-    if raw not in BACKENDS:
-        raise ValueError(raw)
-    return raw
+        choices = available_backends()
+        if name not in choices:
+            raise ConfigError(
+                f"{var}={name!r} is not a backend; choose one of "
+                f"{', '.join(repr(n) for n in choices)}"
+            )
 
 
-def _parse_float(raw: str) -> float:
-    value = float(raw)
-    if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(raw)
-    return value
-
-
-_KIND: dict[Callable[[str], object], str] = {
-    _parse_name: "name",
-    _parse_backend: f"backend; {_BACKEND_CHOICES}",
-    _parse_float: "number",
-    int: "integer",
+_PATTERNS = {
+    _URL_PATTERN: "must be an http:// or https:// URL with a host (and a port, if any)",
+    r"\S": "must not be blank",
+    r"^/": "must be an absolute path",
 }
 
-_ENV_FIELDS: dict[str, tuple[str, Callable[[str], object]]] = {
-    "backend": ("SWE_BACKEND", _parse_backend),  # first: a wrong backend is reported first
-    "train_protocol": ("SWE_TRAIN_PROTOCOL", _parse_name),
-    "eval_protocol": ("SWE_EVAL_PROTOCOL", _parse_name),
-    "agent": ("SWE_AGENT", _parse_name),
-    "policy_url": ("SWE_POLICY_URL", _parse_name),
-    "agent_time_budget_sec": ("SWE_AGENT_TIME_BUDGET_SEC", _parse_float),
-    "eval_timeout_sec": ("SWE_EVAL_TIMEOUT_SEC", _parse_float),
-    "setup_timeout_sec": ("SWE_SETUP_TIMEOUT_SEC", _parse_float),
-    "rollout_guard_sec": ("SWE_ROLLOUT_GUARD_SEC", _parse_float),
-    "guard_headroom_sec": ("SWE_GUARD_HEADROOM_SEC", _parse_float),
-    "boot_concurrency": ("SWE_BOOT_CONCURRENCY", int),
-    "boot_retries": ("SWE_BOOT_RETRIES", int),
-    "boot_backoff_sec": ("SWE_BOOT_BACKOFF_SEC", _parse_float),
-    "boot_backoff_max_sec": ("SWE_BOOT_BACKOFF_MAX_SEC", _parse_float),
-    "max_context_tokens": ("SWE_MAX_CONTEXT_TOKENS", int),
-    "max_turns": ("SWE_MAX_TURNS", int),
-    "command_timeout_sec": ("SWE_COMMAND_TIMEOUT_SEC", _parse_float),
-    "observation_max_chars": ("SWE_OBSERVATION_MAX_CHARS", int),
-    "npm_install_retries": ("NPM_INSTALL_RETRIES", int),
-    "npm_install_backoff_sec": ("NPM_INSTALL_BACKOFF_SEC", _parse_float),
-    "tokenizer": ("SWE_TOKENIZER", _parse_name),
-    "tool_parser": ("SWE_TOOL_PARSER", _parse_name),
-}
 
-#: The environment variable of each field, for documentation and error messages.
-ENV_VARS: Mapping[str, str] = {field: var for field, (var, _) in _ENV_FIELDS.items()}
+def _build(cls: type[S], given: list[tuple[tuple[str, ...], str, str, Any]]) -> S:
+    """``cls`` with the given options set (nested by their paths), checked."""
+    values: dict[str, Any] = {}
+    for path, _, _, value in given:
+        *parents, leaf = path
+        node = values
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return msgspec.convert(values, cls)
+
+
+def _describe(exc: Exception) -> str:
+    """The message without msgspec's ``- at `$`` path, nor a struct's name (the variable names
+    the place)."""
+    text = str(exc).split(" - at `$", 1)[0]
+    for prefix in (
+        "SweConfig: ",
+        "EpisodeBudgets: ",
+        "BootPolicy: ",
+        "BashAgentOptions: ",
+        "NpmOptions: ",
+    ):
+        text = text.removeprefix(prefix)
+    for pattern, meaning in _PATTERNS.items():
+        if text.endswith(f"matching regex {pattern!r}"):
+            return meaning
+    return text
+
+
+def _options(cls: type[msgspec.Struct]) -> Iterator[tuple[tuple[str, ...], str, Any]]:
+    """Every option under ``cls``: (path of field names, variable, annotated type)."""
+    hints = typing.get_type_hints(cls, include_extras=True)
+    for field in msgspec.structs.fields(cls):
+        annotation = hints[field.name]
+        if isinstance(annotation, type) and issubclass(annotation, _Options):
+            for path, var, inner in _options(annotation):
+                yield (field.name, *path), var, inner
+            continue
+        name = _env_of(annotation)
+        if name is not None:
+            yield (field.name,), name, annotation
+
+
+def _env_of(annotation: Any) -> str | None:
+    for meta in reversed(_metas(annotation)):
+        extra = meta.extra or {}
+        if "env" in extra:
+            return str(extra["env"])
+    return None
+
+
+def _metas(annotation: Any) -> list[msgspec.Meta]:
+    if typing.get_origin(annotation) is not Annotated:
+        return []
+    base, *extras = typing.get_args(annotation)
+    return [*_metas(base), *(m for m in extras if isinstance(m, msgspec.Meta))]
+
+
+#: The environment variable of each option, by its dotted path (``"boot.concurrency"``).
+ENV_VARS: Mapping[str, str] = {".".join(path): var for path, var, _ in _options(SweConfig)}
+
+
+def replace_option(config: SweConfig, path: str, value: object) -> SweConfig:
+    """``config`` with the option at dotted ``path`` set to ``value`` (checked; structs.replace).
+
+    Example: ``replace_option(config, "episode.agent_time_budget_sec", 90.0)``.
+
+    Raises:
+        ConfigError: the value is out of range or of the wrong type (naming the option).
+    """
+    head, _, rest = path.partition(".")
+    if head not in config.__struct_fields__:
+        raise ConfigError(f"no option {path!r}")
+    try:
+        if not rest:
+            return msgspec.structs.replace(config, **{head: value})
+        inner = getattr(config, head)
+        leaf = rest
+        if "." in rest or leaf not in inner.__struct_fields__:
+            raise ConfigError(f"no option {path!r}")
+        return msgspec.structs.replace(
+            config, **{head: msgspec.structs.replace(inner, **{leaf: value})}
+        )
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None

@@ -165,13 +165,13 @@ _BOOT_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar
 def boot_limiter(config: SweConfig) -> trio.CapacityLimiter:
     """The boot limiter shared by every episode of the current trio run.
 
-    Created on first use with ``config.boot_concurrency`` tokens; later calls return the same
+    Created on first use with ``config.boot.concurrency`` tokens; later calls return the same
     limiter (its ``total_tokens`` can be changed at any time).
     """
     try:
         return _BOOT_LIMITER.get()
     except LookupError:
-        limiter = trio.CapacityLimiter(config.boot_concurrency)
+        limiter = trio.CapacityLimiter(config.boot.concurrency)
         _BOOT_LIMITER.set(limiter)
         return limiter
 
@@ -200,10 +200,10 @@ class _BootingBackend:
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
         cfg = self._config
         last: SandboxError | None = None
-        for attempt in range(cfg.boot_retries + 1):
+        for attempt in range(cfg.boot.retries + 1):
             if attempt:
                 self.retries += 1
-                cap = min(cfg.boot_backoff_max_sec, cfg.boot_backoff_sec * 2 ** (attempt - 1))
+                cap = min(cfg.boot.backoff_max_sec, cfg.boot.backoff_sec * 2 ** (attempt - 1))
                 await trio.sleep(random.uniform(0, cap))  # full jitter
             self.attempts += 1
             async with self._limiter:
@@ -216,13 +216,13 @@ class _BootingBackend:
                     logger.warning(
                         "boot attempt %d/%d of %s failed: %s",
                         attempt + 1,
-                        cfg.boot_retries + 1,
+                        cfg.boot.retries + 1,
                         spec.image,
                         exc,
                     )
         assert last is not None
         raise SandboxBootError(
-            f"sandbox for {spec.image!r} did not boot after {cfg.boot_retries + 1} attempts: {last}"
+            f"sandbox for {spec.image!r} did not boot after {cfg.boot.retries + 1} attempts: {last}"
         ) from last
 
 
@@ -240,7 +240,7 @@ async def _prepare_workspace(
         result = await exec_and_wait(
             sb,
             script,
-            time_budget_sec=config.setup_timeout_sec,
+            time_budget_sec=config.episode.setup_timeout_sec,
             user="root",
             workdir=md.workdir,
             want_output=True,
@@ -332,7 +332,7 @@ async def run_episode(
     Phases: check the row is gradable; boot the agent's sandbox (bounded retries with jittered
     backoff, under the boot limiter shared by all episodes of this trio run); prepare the
     workspace; run the agent under its budget; take the patch; kill the sandbox; grade the
-    patch in a fresh sandbox; build samples capped at ``config.max_context_tokens``. An outer
+    patch in a fresh sandbox; build samples capped at ``config.episode.max_context_tokens``. An outer
     guard (``config.guard_sec``) bounds the whole episode.
 
     Cancellation propagates (nothing is returned); the sandboxes are killed on the way out.
@@ -473,14 +473,14 @@ class _Episode:
             problem_statement=md.problem_statement,
             workdir=md.workdir,
             problem_statement_path=f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}",
-            time_budget_sec=cfg.agent_time_budget_sec,
-            max_context_tokens=cfg.max_context_tokens,
+            time_budget_sec=cfg.episode.agent_time_budget_sec,
+            max_context_tokens=cfg.episode.max_context_tokens,
             sampling_params=self.sampling_params,
         )
         outcome: AgentOutcome | None = None
         # The agent keeps its own budget and returns its turns; this scope only catches an
         # agent that ignores it.
-        with trio.move_on_after(cfg.agent_time_budget_sec + AGENT_GRACE_SEC):
+        with trio.move_on_after(cfg.episode.agent_time_budget_sec + AGENT_GRACE_SEC):
             outcome = await self.agent.run(sb, task)
         self.outcome = outcome or AgentOutcome(exit_code=-1, finish="time_budget")
         t3 = time.monotonic()
@@ -494,7 +494,7 @@ class _Episode:
         """Grade the patch in a fresh sandbox; its infrastructure failures abort the episode."""
         try:
             return await run_evaluation(
-                self.backend, self.md, self.patch, timeout_sec=self.config.eval_timeout_sec
+                self.backend, self.md, self.patch, timeout_sec=self.config.episode.eval_timeout_sec
             )
         except SandboxError as exc:
             raise EvalInfrastructureError(f"{type(exc).__name__}: {exc}") from exc
@@ -508,7 +508,7 @@ class _Episode:
         # Agents that keep the token history canonical (the bash agent) get the strict
         # builder: a turn that is not a clean continuation is a bug to see, not a fork.
         builder = SampleBuilder(
-            max_sample_tokens=self.config.max_context_tokens or None,
+            max_sample_tokens=self.config.episode.max_context_tokens or None,
             append_only=self.agent.append_only,
         )
         for turn in outcome.turns:

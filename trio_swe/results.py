@@ -4,20 +4,29 @@
 :func:`~trio_swe.encode_sample`) the moment it is ready and flushes it, so a killed process loses
 at most the frame it was writing; reopening the file drops that cut frame and resumes.
 :func:`read_results` is the public reader: it returns every intact frame. ``trio-swe run``
-writes these files; ``trio-swe results`` reads and exports them.
+writes these files; ``trio-swe results`` reads them and exports them as JSON Lines
+(:func:`results_jsonl`) or as SWE-bench's ``predictions.jsonl`` (:func:`predictions_jsonl`).
 """
 
 from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable, Iterable
 
 import msgspec
 
 from .episode import EpisodeResult
-from .trajectory import decode_sample, encode_sample
+from .trajectory import decode_sample, encode_sample, encode_sample_json
 
-__all__ = ["ResultsWriter", "decode_result", "encode_result", "read_results"]
+__all__ = [
+    "ResultsWriter",
+    "decode_result",
+    "encode_result",
+    "predictions_jsonl",
+    "read_results",
+    "results_jsonl",
+]
 
 _FRAME_HEADER = struct.Struct(">I")
 
@@ -100,6 +109,26 @@ class ResultsWriter:
         self._file.seek(intact)
         self.written = 0
 
+    def keep_only(self, keep: Callable[[EpisodeResult], bool]) -> None:
+        """Rewrite the file with the previous results ``keep`` accepts (atomically).
+
+        ``trio-swe run`` drops the aborted frames of the instances it runs again, so a rerun
+        leaves one frame per attempt that counts, not one more per abort.
+        """
+        kept = [r for r in self.previous if keep(r)]
+        if len(kept) == len(self.previous):
+            return
+        tmp = f"{self.path}.tmp-{os.getpid()}"
+        with open(tmp, "wb") as f:
+            for result in kept:
+                f.write(encode_result(result))
+            f.flush()
+            os.fsync(f.fileno())
+        self._file.close()
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "ab")  # noqa: SIM115  (closed by close())
+        self.previous = kept
+
     def write(self, result: EpisodeResult) -> None:
         """Append ``result`` and flush it to the OS (it survives the process being killed)."""
         self._file.write(encode_result(result))
@@ -124,3 +153,50 @@ class ResultsWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# --- exports ---------------------------------------------------------------------------------
+
+
+def results_jsonl(results: Iterable[EpisodeResult], *, samples: bool = False) -> list[bytes]:
+    """One JSON line per result (its samples left out unless ``samples``: they are large)."""
+    lines = []
+    for result in results:
+        doc = msgspec.to_builtins(msgspec.structs.replace(result, samples=[]), enc_hook=_enc_hook)
+        doc["patch"] = result.patch_text
+        doc["n_samples"] = len(result.samples)
+        if samples:
+            doc["samples"] = [msgspec.json.decode(encode_sample_json(s)) for s in result.samples]
+        else:
+            doc.pop("samples", None)
+        lines.append(msgspec.json.encode(doc) + b"\n")
+    return lines
+
+
+def predictions_jsonl(results: Iterable[EpisodeResult], *, model: str) -> list[bytes]:
+    """SWE-bench's ``predictions.jsonl``: ``instance_id``, ``model_name_or_path``, ``model_patch``.
+
+    One line per instance: its last episode that was not aborted (an aborted episode's patch
+    says nothing about the model). Instances appear in the order they first finished.
+    """
+    last: dict[str, EpisodeResult] = {}
+    for result in results:
+        if result.status != "aborted":
+            last[result.instance_id] = result
+    return [
+        msgspec.json.encode(
+            {
+                "instance_id": r.instance_id,
+                "model_name_or_path": model,
+                "model_patch": r.patch_text,
+            }
+        )
+        + b"\n"
+        for r in last.values()
+    ]
+
+
+def _enc_hook(obj: object) -> object:
+    if isinstance(obj, bytes):
+        return obj.decode("utf-8", errors="replace")
+    raise NotImplementedError(type(obj))

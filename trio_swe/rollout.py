@@ -61,7 +61,7 @@ async def run_rollouts(
         backend: where sandboxes come from.
         config: budgets and limits; :meth:`SweConfig.from_env` when None.
         concurrency: episodes running at once (boots are further limited by
-            ``config.boot_concurrency``).
+            ``config.boot.concurrency``).
         sampling_params: SGLang sampling parameters for every policy call.
         network: whether agent sandboxes get network access.
         build_samples: False skips building samples.

@@ -12,6 +12,7 @@ import pytest
 from trio_swe import ConfigError, SweConfig, generate, run_episode
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy, create_agent
 from trio_swe.cli import main
+from trio_swe.config import BashAgentOptions
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.models import ChatModel
 
@@ -39,7 +40,7 @@ def test_registry_agent_speaks_the_configured_checkpoint(tmp_path: Path) -> None
     # A checkpoint without a chat template fails when the agent is made, before any episode.
     bare = checkpoint_with_template(tmp_path / "bare", None)
     with pytest.raises(ConfigError, match="no chat template") as info:
-        create_agent(SweConfig(tokenizer=str(bare)))
+        create_agent(SweConfig(bash=BashAgentOptions(tokenizer=str(bare))))
     assert str(bare) in str(info.value)
 
 

@@ -15,17 +15,9 @@ from __future__ import annotations
 from .._errors import PromptTooLongError
 from . import _cli as _cli  # registers the CLI agents
 from ._bash_agent import BashAgent, parse_command, render_first_prompt
-from ._harness import (
-    AgentFactory,
-    AgentInstallError,
-    NpmCliAgent,
-    available_agents,
-    create_agent,
-    install_npm_cli,
-    register_agent,
-    run_agent,
-)
+from ._harness import AgentInstallError, NpmCliAgent, install_npm_cli, run_agent
 from ._policy import Policy, PolicyError, PolicyOutput, SGLangPolicy
+from ._registry import AgentFactory, available_agents, create_agent, register_agent
 from ._tokenizer import ByteTokenizer, Tokenizer
 from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent
 

@@ -28,9 +28,10 @@ import trio
 from .._errors import AgentInstallError, ConfigError
 from ..config import SweConfig
 from ..sandbox import Sandbox
-from ._harness import DEFAULT_CLI_PROMPT, AgentFactory, register_agent, run_agent
+from ._harness import DEFAULT_CLI_PROMPT, run_agent
 from ._install import agent_cache_dir, ensure_installed
 from ._policy import Policy
+from ._registry import AgentFactory, register_agent
 from ._types import Agent, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = ["CLI_AGENTS", "CliAgent", "CliContext", "CliSpec"]
@@ -468,7 +469,7 @@ def _cli_factory(name: str) -> AgentFactory:
         from ..models import load_tokenizer
         from ._policy import SGLangPolicy
 
-        path = str(getattr(config, "tokenizer", "") or os.environ.get("SWE_TOKENIZER", ""))
+        path = config.bash.tokenizer
         if not path:
             raise ConfigError(
                 f"SWE_AGENT={name} records its turns through the gateway, which renders them "
@@ -476,9 +477,9 @@ def _cli_factory(name: str) -> AgentFactory:
             )
         return CliAgent(
             name,
-            policy=SGLangPolicy(config.policy_url),
+            policy=SGLangPolicy(config.bash.policy_url),
             tokenizer=load_tokenizer(path),
-            tool_parser=str(getattr(config, "tool_parser", "auto") or "auto"),
+            tool_parser=config.bash.tool_parser,
             own_policy=True,
         )
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shlex
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import trio
@@ -21,15 +21,13 @@ from ..config import SweConfig
 from ..models import ChatModel
 from ..sandbox import ExecResult, Sandbox
 from ..sandbox._detached import exec_and_wait
+from ._registry import register_agent
 from ._types import Agent, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = [
     "AgentInstallError",
     "NpmCliAgent",
-    "available_agents",
-    "create_agent",
     "install_npm_cli",
-    "register_agent",
     "run_agent",
 ]
 
@@ -75,8 +73,8 @@ async def install_npm_cli(
     """
     if retries is None or backoff_sec is None:
         env_config = SweConfig.from_env(check_protocols=False)
-        retries = env_config.npm_install_retries if retries is None else retries
-        backoff_sec = env_config.npm_install_backoff_sec if backoff_sec is None else backoff_sec
+        retries = env_config.npm.install_retries if retries is None else retries
+        backoff_sec = env_config.npm.install_backoff_sec if backoff_sec is None else backoff_sec
     if retries < 1:
         raise InvalidArgumentError(f"retries must be >= 1, not {retries}")
     host_path = Path(os.fspath(package))
@@ -218,84 +216,47 @@ class NpmCliAgent(BaseAgent):
         )
 
 
-#: Builds an agent from the configuration.
-AgentFactory = Callable[[SweConfig], Agent]
-
-_REGISTRY: dict[str, AgentFactory] = {}
-
-
-def register_agent(name: str, factory: AgentFactory, *, replace: bool = False) -> None:
-    """Make ``factory`` selectable as ``SWE_AGENT=<name>``.
-
-    Raises:
-        InvalidArgumentError: the name is taken (pass ``replace=True``) or empty.
-    """
-    if not name or not name.strip():
-        raise InvalidArgumentError("agent name must be non-empty")
-    if name in _REGISTRY and not replace:
-        raise InvalidArgumentError(f"agent {name!r} is already registered (pass replace=True)")
-    _REGISTRY[name] = factory
-
-
-def available_agents() -> tuple[str, ...]:
-    """Registered agent names, sorted."""
-    return tuple(sorted(_REGISTRY))
-
-
-def create_agent(config: SweConfig, name: str | None = None) -> Agent:
-    """Build the agent named ``name`` (default ``config.agent``).
-
-    Raises:
-        ConfigError: no agent has that name (the message lists those that do).
-    """
-    key = name or config.agent
-    try:
-        factory = _REGISTRY[key]
-    except KeyError:
-        raise ConfigError(
-            f"SWE_AGENT={key!r} is not a registered agent; choose one of "
-            f"{', '.join(available_agents())} or call trio_swe.agents.register_agent()"
-        ) from None
-    return factory(config)
-
-
 def _bash_factory(config: SweConfig) -> Agent:
     from ._bash_agent import BashAgent
     from ._policy import SGLangPolicy
     from ._tokenizer import ByteTokenizer, Tokenizer
 
     tokenizer: Tokenizer | ChatModel
-    if config.tokenizer:
+    if config.bash.tokenizer:
         # Loaded once per process (a second or so the first time); the template is checked
         # against the agent's tools here, before any episode.
         tokenizer = ChatModel.from_checkpoint(
-            config.tokenizer, tools=BashAgent.TOOLS, tool_parser=config.tool_parser
+            config.bash.tokenizer, tools=BashAgent.TOOLS, tool_parser=config.bash.tool_parser
         )
     else:
         tokenizer = ByteTokenizer()
     return BashAgent(
-        SGLangPolicy(config.policy_url),
+        SGLangPolicy(config.bash.policy_url),
         tokenizer,
-        max_turns=config.max_turns,
-        command_timeout_sec=config.command_timeout_sec,
-        observation_max_chars=config.observation_max_chars,
+        max_turns=config.bash.max_turns,
+        command_timeout_sec=config.bash.command_timeout_sec,
+        observation_max_chars=config.bash.observation_max_chars,
         owns_policy=True,
     )
 
 
 def _npm_cli_factory(config: SweConfig) -> Agent:
-    env = os.environ
-    missing = [v for v in ("SWE_NPM_PACKAGE", "SWE_NPM_START_CMD") if not env.get(v)]
+    npm = config.npm
+    missing = [
+        var
+        for var, value in (("SWE_NPM_PACKAGE", npm.package), ("SWE_NPM_START_CMD", npm.start_cmd))
+        if not value
+    ]
     if missing:
         raise ConfigError(f"SWE_AGENT=npm-cli needs {' and '.join(missing)} set")
     return NpmCliAgent(
         "npm-cli",
-        package=env["SWE_NPM_PACKAGE"],
-        check_cmd=env.get("SWE_NPM_CHECK_CMD", "true"),
-        start_cmd=env["SWE_NPM_START_CMD"],
-        prefix=env.get("SWE_NPM_PREFIX", "/usr/local"),
-        install_retries=config.npm_install_retries,
-        install_backoff_sec=config.npm_install_backoff_sec,
+        package=npm.package,
+        check_cmd=npm.check_cmd,
+        start_cmd=npm.start_cmd,
+        prefix=npm.prefix,
+        install_retries=npm.install_retries,
+        install_backoff_sec=npm.install_backoff_sec,
     )
 
 

@@ -209,8 +209,8 @@ def ensure_installed_sync(
         ) from None
     if retries is None or backoff_sec is None:
         cfg = SweConfig.from_env(check_protocols=False)
-        retries = cfg.npm_install_retries if retries is None else retries
-        backoff_sec = cfg.npm_install_backoff_sec if backoff_sec is None else backoff_sec
+        retries = cfg.npm.install_retries if retries is None else retries
+        backoff_sec = cfg.npm.install_backoff_sec if backoff_sec is None else backoff_sec
     root = cache_dir if cache_dir is not None else agent_cache_dir()
     final = root / pkg.dirname
     if (final / _MARKER).exists():

@@ -17,18 +17,17 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
-import msgspec
 import trio
 
 from .. import aio
 from .._close import aclose_quietly
 from .._errors import ConfigError, MetadataError, PermanentBootError
 from ..agents import Agent, create_agent
-from ..config import BACKENDS, SweConfig
+from ..config import BACKENDS, SweConfig, replace_option
 from ..episode import EpisodeResult, run_episode
 from ..grading import get_metadata
 from ..models import load_tokenizer
-from ..sandbox import Backend
+from ..sandbox import Backend, create_backend
 
 __all__ = ["GENERATE_BACKENDS", "generate"]
 
@@ -51,37 +50,28 @@ class _RunShared:
     def __init__(self) -> None:
         self.users = 0
         self.agents: dict[tuple[str, str, str, str], Agent] = {}
-        self.e2b: Backend | None = None
-        self.docker: Backend | None = None
+        self.backends: dict[str, Backend] = {}
 
     def agent(self, config: SweConfig, url: str) -> Agent:
-        key = (config.agent, url, config.tokenizer, config.tool_parser)
+        key = (config.agent, url, config.bash.tokenizer, config.bash.tool_parser)
         if key not in self.agents:
             self.agents[key] = create_agent(_with_policy_url(config, url))
         return self.agents[key]
 
     def backend(self, name: str) -> Backend:
-        if name == "e2b":
-            if self.e2b is None:
-                from ..sandbox.e2b import E2BBackend
-
-                self.e2b = E2BBackend()  # E2B_* and SSL_CERT_FILE from the environment
-            return self.e2b
-        if name == "docker":
-            if self.docker is None:
-                from ..sandbox.docker import DockerBackend
-
-                self.docker = DockerBackend()  # DOCKER_HOST, else /var/run/docker.sock
-            return self.docker
-        if not _LOCAL_BACKEND:
-            from ..sandbox.local import LocalBackend
-
-            _LOCAL_BACKEND.append(LocalBackend())
-        return _LOCAL_BACKEND[0]
+        if name == "local":
+            # Not bound to a trio run: one per process.
+            if not _LOCAL_BACKEND:
+                _LOCAL_BACKEND.append(create_backend("local"))
+            return _LOCAL_BACKEND[0]
+        if name not in self.backends:
+            # Bound to this trio run (E2B's connection pools): closed by the last call out.
+            self.backends[name] = create_backend(name)
+        return self.backends[name]
 
     async def aclose(self) -> None:
-        resources: list[Backend | Agent | None] = [*self.agents.values(), self.e2b, self.docker]
-        self.agents, self.e2b, self.docker = {}, None, None
+        resources: list[Backend | Agent] = [*self.agents.values(), *self.backends.values()]
+        self.agents, self.backends = {}, {}
         await aclose_quietly(resources, timeout_sec=30.0)
 
 
@@ -111,7 +101,7 @@ def _policy_url(args: Any, config: SweConfig) -> str:
     port = getattr(args, "sglang_router_port", None)
     if ip and port:
         return f"http://{ip}:{port}"
-    return config.policy_url
+    return config.bash.policy_url
 
 
 #: Abort reasons that are properties of the row, not passing failures: slime gets
@@ -150,20 +140,16 @@ def _with_slime_args(config: SweConfig, args: Any) -> SweConfig:
     """The trainer's own settings over the environment's: the tokenizer of
     ``args.hf_checkpoint`` (the checkpoint being trained), and ``args.rollout_max_context_len``
     as the context cap when ``SWE_MAX_CONTEXT_TOKENS`` is unset."""
-    changes: dict[str, Any] = {}
     checkpoint = getattr(args, "hf_checkpoint", None)
     if checkpoint:
-        changes["tokenizer"] = os.fspath(checkpoint)
+        path = os.fspath(checkpoint)
+        if not os.path.isdir(path):
+            raise ConfigError(f"args.hf_checkpoint {path!r} is not a checkpoint directory")
+        config = replace_option(config, "bash.tokenizer", path)
     max_len = getattr(args, "rollout_max_context_len", None)
-    if not config.max_context_tokens and isinstance(max_len, int) and max_len > 0:
-        changes["max_context_tokens"] = max_len
-    if not changes:
-        return config
-    if "tokenizer" in changes and not os.path.isdir(changes["tokenizer"]):
-        raise ConfigError(
-            f"args.hf_checkpoint {changes['tokenizer']!r} is not a checkpoint directory"
-        )
-    return msgspec.structs.replace(config, **changes)
+    if not config.episode.max_context_tokens and isinstance(max_len, int) and max_len > 0:
+        config = replace_option(config, "episode.max_context_tokens", max_len)
+    return config
 
 
 async def generate(
@@ -197,10 +183,10 @@ async def generate(
     session_id = getattr(sample, "session_id", None) or None
 
     async def episode() -> tuple[EpisodeResult, Callable[[list[int]], str]]:
-        if config.tokenizer:
+        if config.bash.tokenizer:
             # The first call loads the checkpoint's tokenizer (about a second) off the loop;
             # later ones find it in the process-wide cache.
-            await trio.to_thread.run_sync(load_tokenizer, config.tokenizer)
+            await trio.to_thread.run_sync(load_tokenizer, config.bash.tokenizer)
         async with _run_shared() as shared:
             agent = shared.agent(config, url)
             result = await run_episode(
@@ -282,13 +268,13 @@ def _ray_options() -> Any:
 
 async def _local_decoder(config: SweConfig) -> Callable[[list[int]], str]:
     """The response text's decoder when the agent ran on a Ray worker: the same tokenizer here."""
-    if not config.tokenizer:
+    if not config.bash.tokenizer:
         from ..agents import ByteTokenizer
 
         return ByteTokenizer().decode
     import asyncio
 
-    tokenizer = await asyncio.to_thread(load_tokenizer, config.tokenizer)
+    tokenizer = await asyncio.to_thread(load_tokenizer, config.bash.tokenizer)
 
     def text(ids: list[int]) -> str:
         return str(tokenizer.decode(ids))
@@ -309,4 +295,4 @@ def _decoder(agent: Agent) -> Callable[[list[int]], str]:
 
 
 def _with_policy_url(config: SweConfig, url: str) -> SweConfig:
-    return msgspec.structs.replace(config, policy_url=url)
+    return replace_option(config, "bash.policy_url", url)

@@ -4,6 +4,7 @@ from ._detached import exec_and_wait
 from ._images import ImageMap, ImageSource, check_image, image_for
 from ._open import open_sandbox
 from ._protocol import Backend, Sandbox
+from ._registry import available_backends, create_backend, open_backend, register_backend
 from ._types import (
     EXIT_TIME_BUDGET_EXCEEDED,
     ExecReason,
@@ -22,8 +23,12 @@ __all__ = [
     "ResourceLimits",
     "Sandbox",
     "SandboxSpec",
+    "available_backends",
     "check_image",
+    "create_backend",
     "exec_and_wait",
     "image_for",
+    "open_backend",
     "open_sandbox",
+    "register_backend",
 ]

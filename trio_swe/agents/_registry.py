@@ -1,0 +1,64 @@
+"""The registry of agents by name (``SWE_AGENT``): :func:`register_agent`, :func:`create_agent`.
+
+Kept apart from the agents themselves so that :mod:`trio_swe.config` can check ``SWE_AGENT``
+against it without importing them (the built-in ``bash`` and ``npm-cli`` register themselves
+in ``_harness.py``, which the :mod:`trio_swe.agents` package imports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from .._errors import ConfigError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from ..config import SweConfig
+    from ._types import Agent
+
+__all__ = ["AgentFactory", "available_agents", "create_agent", "register_agent"]
+
+#: Builds an agent from the configuration.
+AgentFactory = Callable[["SweConfig"], "Agent"]
+
+_REGISTRY: dict[str, AgentFactory] = {}
+
+
+def register_agent(name: str, factory: AgentFactory, *, replace: bool = False) -> None:
+    """Make ``factory`` selectable as ``SWE_AGENT=<name>``.
+
+    Raises:
+        InvalidArgumentError: the name is taken (pass ``replace=True``) or empty.
+    """
+    if not name or not name.strip():
+        raise InvalidArgumentError("agent name must be non-empty")
+    if name in _REGISTRY and not replace:
+        raise InvalidArgumentError(f"agent {name!r} is already registered (pass replace=True)")
+    _REGISTRY[name] = factory
+
+
+def available_agents() -> tuple[str, ...]:
+    """Registered agent names, sorted."""
+    return tuple(sorted(_REGISTRY))
+
+
+def unknown_agent(name: str) -> ConfigError:
+    """The error for an agent name nobody registered (it names the choices)."""
+    return ConfigError(
+        f"SWE_AGENT={name!r} is not a registered agent; choose one of "
+        f"{', '.join(available_agents())} or call trio_swe.agents.register_agent()"
+    )
+
+
+def create_agent(config: SweConfig, name: str | None = None) -> Agent:
+    """Build the agent named ``name`` (default ``config.agent``).
+
+    Raises:
+        ConfigError: no agent has that name (the message lists those that do).
+    """
+    key = name or config.agent
+    try:
+        factory = _REGISTRY[key]
+    except KeyError:
+        raise unknown_agent(key) from None
+    return factory(config)
