@@ -27,6 +27,7 @@ _OPTION_PATHS = {
     "boot_retries": "boot.retries",
     "boot_backoff_sec": "boot.backoff_sec",
     "max_turns": "bash.max_turns",
+    "policy_url": "bash.policy_url",
     "command_timeout_sec": "bash.command_timeout_sec",
 }
 

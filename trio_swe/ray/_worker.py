@@ -36,7 +36,7 @@ from ..agents import Agent, create_agent
 from ..config import SweConfig
 from ..episode import run_episode
 from ..results import encode_result
-from ..sandbox import Backend
+from ..sandbox import Backend, open_backend
 from ._bridge import ActorHandle
 from ._limiter import LeasedBackend, LimiterClient
 from ._wire import decode_config, decode_job
@@ -79,15 +79,9 @@ class WorkerStatistics(msgspec.Struct, frozen=True, kw_only=True):
 @contextlib.asynccontextmanager
 async def _open_backend(spec: str | BackendFactory, config: SweConfig) -> AsyncIterator[Backend]:
     if isinstance(spec, str):
-        if spec == "e2b":
-            from ..sandbox.e2b import E2BBackend
-
-            async with E2BBackend() as backend:  # E2B_* and SSL_CERT_FILE of the worker's env
-                yield backend
-            return
-        from ..sandbox.local import LocalBackend
-
-        yield LocalBackend()
+        # By name, from the one registry (E2B_* and SSL_CERT_FILE of the worker's env).
+        async with open_backend(spec) as backend:
+            yield backend
         return
     made = spec()
     if inspect.isawaitable(made):
