@@ -50,6 +50,8 @@ __all__ = [
     "SandboxBootError",
     "SandboxError",
     "SandboxFileNotFoundError",
+    "SandboxFileTooLargeError",
+    "SandboxNotAFileError",
     "SandboxNotRunningError",
     "SandboxUnreachableError",
     "SetupFailedError",
@@ -134,6 +136,44 @@ class DetachedCommandLostError(SandboxError):
 
 class SandboxFileNotFoundError(TrioSweError, FileNotFoundError):
     """``read_file`` of a path that does not exist in the sandbox."""
+
+
+class SandboxFileTooLargeError(TrioSweError, ValueError):
+    """``read_file`` of a file larger than its ``max_bytes`` (nothing past the cap was kept).
+
+    Attributes:
+        path: the file.
+        max_bytes: the cap.
+        size: the file's size when known (None when it was only seen to exceed the cap).
+    """
+
+    def __init__(self, path: str, max_bytes: int, size: int | None = None) -> None:
+        what = f"{size} bytes" if size is not None else "more bytes"
+        super().__init__(
+            f"read_file {path!r}: {what} than max_bytes={max_bytes} allows "
+            "(pass a larger max_bytes, or None for no cap)"
+        )
+        self.path = path
+        self.max_bytes = max_bytes
+        self.size = size
+
+
+class SandboxNotAFileError(TrioSweError, ValueError):
+    """``read_file`` of something that is not a regular file (a directory, a device, a FIFO,
+    a socket) without ``special=True``.
+
+    Attributes:
+        path: the path.
+        kind: what it is (``"directory"``, ``"character device"``, ``"fifo"``...).
+    """
+
+    def __init__(self, path: str, kind: str) -> None:
+        super().__init__(
+            f"read_file {path!r}: a {kind}, not a regular file "
+            "(pass special=True to read it anyway, bounded by max_bytes)"
+        )
+        self.path = path
+        self.kind = kind
 
 
 class PolicyError(TrioSweError):

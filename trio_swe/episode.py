@@ -30,6 +30,7 @@ from ._errors import (
     PermanentBootError,
     SandboxBootError,
     SandboxError,
+    SandboxFileTooLargeError,
     SetupFailedError,
     TrioSweError,
 )
@@ -306,7 +307,10 @@ async def take_patch(sb: Sandbox, workdir: str, base_commit: str, *, agent_user:
         raise PatchFailedError(f"git diff failed (exit {result.exit_code}): {result.output}")
     if not result.output_truncated and "\ufffd" not in result.output:
         return result.output.encode()
-    return await sb.read_file(out)
+    try:
+        return await sb.read_file(out)
+    except SandboxFileTooLargeError as exc:
+        raise PatchFailedError(f"the agent's patch is too large to take: {exc}") from exc
 
 
 def _status_of(outcome: AgentOutcome) -> EpisodeStatus:

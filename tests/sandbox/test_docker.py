@@ -26,6 +26,7 @@ from trio_swe import (
     SandboxBootError,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxNotAFileError,
     open_sandbox,
 )
 from trio_swe.sandbox.docker import DockerBackend, PullProgress
@@ -206,7 +207,7 @@ async def test_exec_files_users_and_timeouts(dk: DockerEnv) -> None:
         assert await sb.read_file("/tmp/a/l") == "é\n".encode()
         with pytest.raises(SandboxFileNotFoundError):
             await sb.read_file("/tmp/a/missing")
-        with pytest.raises(SandboxError, match="not a regular file"):
+        with pytest.raises(SandboxNotAFileError, match="a directory, not a regular file"):
             await sb.read_file("/tmp/a")
         with pytest.raises(InvalidArgumentError, match="nosuchuser"):
             await sb.exec("id", user="nosuchuser")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -9,7 +10,7 @@ from typing import Final
 
 import msgspec
 
-from .._errors import SandboxFileNotFoundError
+from .._errors import SandboxError, SandboxFileNotFoundError, SandboxFileTooLargeError
 from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, image_for, open_sandbox
 from . import _result as R
 from ._harness import collecting
@@ -37,6 +38,8 @@ from ._types import InstanceMetadata
 EVAL_DIR: Final = "/tmp/trio_swe_eval"
 #: Budget of the apply ladder (four rungs on a large patch).
 APPLY_TIMEOUT_SEC: Final = 120.0
+#: Logs are read up to this size; past it, their head.
+LOG_MAX_BYTES: Final = 256 * 1024 * 1024
 #: Budget of setup commands (pre_commands, before_repo_set_cmd): they may install packages.
 SETUP_BUDGET_SEC: Final = 600.0
 #: Environment of every command in the eval sandbox: the repository's hooks and fsmonitor
@@ -181,12 +184,23 @@ async def run_long(
 async def read_text(sb: Sandbox, path: str) -> str:
     """A file from the sandbox as text; ``""`` only if it does not exist (the command never
     got to write it), never for an infrastructure failure. Backends return files whole, so a
-    SWE-bench log keeps its head, where the start marker is.
+    SWE-bench log keeps its head, where the start marker is; past :data:`LOG_MAX_BYTES` only
+    the head is kept.
     """
     try:
-        data = await sb.read_file(path, user="root")
+        data = await sb.read_file(path, user="root", max_bytes=LOG_MAX_BYTES)
     except SandboxFileNotFoundError:
         return ""
+    except SandboxFileTooLargeError:
+        head = f"{path}.head"
+        r = await sb.exec(
+            f"head -c {LOG_MAX_BYTES} -- {shlex.quote(path)} > {shlex.quote(head)}",
+            user="root",
+            timeout=APPLY_TIMEOUT_SEC,
+        )
+        if not r.ok:
+            raise SandboxError(f"cannot cut {path} to its head: {r.output[-300:]}") from None
+        data = await sb.read_file(head, user="root", max_bytes=LOG_MAX_BYTES)
     return data.decode("utf-8", "replace")
 
 

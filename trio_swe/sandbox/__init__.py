@@ -6,6 +6,7 @@ from ._open import open_sandbox
 from ._protocol import Backend, Sandbox
 from ._registry import available_backends, create_backend, open_backend, register_backend
 from ._types import (
+    DEFAULT_READ_MAX_BYTES,
     EXIT_TIME_BUDGET_EXCEEDED,
     ExecReason,
     ExecResult,
@@ -14,6 +15,7 @@ from ._types import (
 )
 
 __all__ = [
+    "DEFAULT_READ_MAX_BYTES",
     "EXIT_TIME_BUDGET_EXCEEDED",
     "Backend",
     "ExecReason",

@@ -307,7 +307,8 @@ class _Call:
         if self.want_output and not force_full and size <= INLINE_OUTPUT_BYTES:
             return tail, False  # the whole output came inline
         if self.want_output or force_full:
-            data = await self.sb.read_file(self.plan.out_path, user=self.plan.user)
+            # Our own regular file: read whole, as before read_file had a cap.
+            data = await self.sb.read_file(self.plan.out_path, user=self.plan.user, max_bytes=None)
             return data.decode("utf-8", errors="replace"), False
         if status == 0:
             return "", False

@@ -7,7 +7,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import trio
 
-from ._types import ExecResult, SandboxSpec
+from ._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec
 
 
 @runtime_checkable
@@ -67,11 +67,29 @@ class Sandbox(Protocol):
         """Create or replace the file at ``path`` (parents are created)."""
         ...
 
-    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
-        """Return the file's bytes.
+    async def read_file(
+        self,
+        path: str,
+        *,
+        user: str | None = None,
+        max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
+        special: bool = False,
+    ) -> bytes:
+        """Return the file's bytes, whole. Cancellable at any point.
+
+        Args:
+            path: an absolute path.
+            user: who reads it (default root).
+            max_bytes: a larger file raises :class:`SandboxFileTooLargeError` (at most
+                ``max_bytes + 1`` bytes are ever read); None reads any size.
+            special: also read what is not a regular file (a device, a FIFO): up to
+                ``max_bytes``, blocking as the file does (a FIFO waits for a writer).
 
         Raises:
             SandboxFileNotFoundError: the file does not exist.
+            SandboxNotAFileError: not a regular file (a directory; without ``special``, any
+                other kind).
+            SandboxFileTooLargeError: more than ``max_bytes``.
             SandboxError: any other failure. Never returns ``b""`` for a failure.
         """
         ...

@@ -7,6 +7,9 @@ from typing import Final, Literal
 
 import msgspec
 
+#: ``read_file``'s default cap: a larger file raises ``SandboxFileTooLargeError``.
+DEFAULT_READ_MAX_BYTES: Final = 64 * 1024 * 1024
+
 #: Exit code reported when a command outlived its time budget (slime's convention).
 EXIT_TIME_BUDGET_EXCEEDED: Final = -1
 

@@ -55,3 +55,15 @@ def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
             raise InvalidArgumentError(f"environment variable {name} contains a NUL character")
         out[name] = value
     return out
+
+
+def check_read_args(max_bytes: int | None, special: bool) -> None:
+    """``read_file``'s cap: a non-negative int or None; ``special``: a bool."""
+    if max_bytes is not None and (
+        isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0
+    ):
+        raise InvalidArgumentError(
+            f"max_bytes must be a non-negative int or None, got {max_bytes!r}"
+        )
+    if not isinstance(special, bool):
+        raise InvalidArgumentError(f"special must be a bool, got {special!r}")

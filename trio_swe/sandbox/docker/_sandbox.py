@@ -10,9 +10,15 @@ from typing import Any, Final
 
 import trio
 
-from ..._errors import InvalidArgumentError, SandboxError, SandboxFileNotFoundError
-from .._types import ExecResult
-from .._validate import check_abs_path, check_env, check_user
+from ..._errors import (
+    InvalidArgumentError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxFileTooLargeError,
+    SandboxNotAFileError,
+)
+from .._types import DEFAULT_READ_MAX_BYTES, ExecResult
+from .._validate import check_abs_path, check_env, check_read_args, check_user
 from ._engine import Engine, EngineError
 from ._wire import env_list, file_archive, first_member, resolve_link
 
@@ -237,9 +243,21 @@ class DockerSandbox:
                 raise SandboxError(f"write_file {path!r}: cannot create {parent}: {out!r}")
         self._stats["files_written"] += 1
 
-    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
-        """The bytes of ``path`` (symlinks followed); :class:`SandboxFileNotFoundError` if missing."""
+    async def read_file(
+        self,
+        path: str,
+        *,
+        user: str | None = None,
+        max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
+        special: bool = False,
+    ) -> bytes:
+        """The bytes of ``path`` (symlinks followed); :class:`SandboxFileNotFoundError` if missing.
+
+        The archive API gives regular files only (``special`` changes nothing) and the whole
+        archive is read before ``max_bytes`` is checked.
+        """
         check_abs_path(path)
+        check_read_args(max_bytes, special)
         if user is not None:
             check_user(user)
         for _hop in range(40):
@@ -255,10 +273,14 @@ class DockerSandbox:
                 )
             member = first_member(body)
             if member.kind == "file":
+                if max_bytes is not None and len(member.data) > max_bytes:
+                    raise SandboxFileTooLargeError(path, max_bytes, len(member.data))
                 self._stats["files_read"] += 1
                 return member.data
             if member.kind != "symlink":
-                raise SandboxError(f"read_file {path!r}: not a regular file ({member.kind})")
+                raise SandboxNotAFileError(
+                    path, "directory" if member.kind == "dir" else "special file"
+                )
             path = resolve_link(path, member.linkname)
         raise SandboxError(f"read_file {path!r}: too many levels of symbolic links")
 

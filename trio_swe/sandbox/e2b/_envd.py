@@ -35,6 +35,7 @@ T = TypeVar("T")
 
 ENVD_PORT: Final = 49983
 PROCESS_SERVICE: Final = "process.Process"
+FILESYSTEM_SERVICE: Final = "filesystem.Filesystem"
 
 
 def basic_user(user: str) -> str:
@@ -354,6 +355,81 @@ class EnvdClient:
             idempotent=True,
         )
         return resp.content
+
+    async def stat(self, path: str, *, user: str) -> _wire.EntryInfo:
+        """``filesystem.Filesystem/Stat``; raises ConnectError (``not_found`` when missing)."""
+        req = _connect.unary_request(
+            _connect.procedure_path(FILESYSTEM_SERVICE, "Stat"),
+            _wire.encode(_wire.StatRequest(path=path)),
+            headers={"authorization": basic_user(user)},
+        )
+        resp = await self.request(
+            "POST", req.path, content=req.body, headers=req.headers, idempotent=True
+        )
+        entry = _wire.decode(resp.content, _wire.StatResponse).entry
+        if entry is None:
+            raise _connect.ProtocolError(f"Stat {path}: the answer has no entry")
+        return entry
+
+    async def read_file_capped(
+        self, path: str, *, user: str, limit: int | None
+    ) -> tuple[bytes, bool]:
+        """``GET /files`` reading at most ``limit + 1`` bytes: ``(data, more_than_limit)``.
+
+        Asks for ``Range: bytes=0-<limit>`` (envd serves ranges) and stops reading the body
+        past the limit whatever the server sends, so memory stays bounded either way.
+        """
+        url = f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}"
+        headers = {
+            **self.headers,
+            "authorization": basic_user(user),
+            "accept-encoding": "identity",
+        }
+        if limit is not None:
+            headers["range"] = f"bytes=0-{limit}"
+
+        async def attempt() -> tuple[bytes, bool]:
+            self.rpcs += 1
+            data = bytearray()
+            over = False
+            async with self.pool.slot() as client:
+                try:
+                    done = False
+                    with trio.CancelScope(deadline=trio.current_time() + self.request_timeout):
+                        request = client.build_request(
+                            "GET", url, headers=headers, timeout=self._timeout(self.request_timeout)
+                        )
+                        resp = await client.send(request, stream=True)
+                        try:
+                            if resp.status_code == 416:  # a range of an empty file
+                                done = True
+                            elif resp.status_code not in (200, 206):
+                                body = await resp.aread()
+                                raise _connect.error_from_response(
+                                    resp.status_code,
+                                    body,
+                                    content_type=resp.headers.get("content-type"),
+                                    retry_after=resp.headers.get("retry-after"),
+                                )
+                            else:
+                                async for chunk in resp.aiter_raw():
+                                    data += chunk
+                                    if limit is not None and len(data) > limit:
+                                        over = True
+                                        break
+                                done = True
+                        finally:
+                            with trio.CancelScope(shield=True):
+                                await resp.aclose()
+                    if not done:
+                        raise StreamIdleTimeout(f"GET /files {path} timed out")
+                except Exception as exc:
+                    await self._after_failure(exc, client)
+                    raise
+            return bytes(data[: limit + 1] if limit is not None else data), over
+
+        result: tuple[bytes, bool] = await self._retry(attempt, idempotent=True)
+        return result
 
     def statistics(self) -> dict[str, Any]:
         return {"rpcs": self.rpcs, "resets": self.resets}

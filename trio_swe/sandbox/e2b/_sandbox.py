@@ -26,11 +26,13 @@ from ..._errors import (
     InvalidArgumentError,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxFileTooLargeError,
+    SandboxNotAFileError,
     SandboxNotRunningError,
     SandboxUnreachableError,
 )
-from .._types import ExecResult, SandboxSpec
-from .._validate import check_abs_path, check_env, check_user
+from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec
+from .._validate import check_abs_path, check_env, check_read_args, check_user
 from . import _connect, _wire
 from ._envd import EnvdClient
 from ._rest import RestClient
@@ -393,26 +395,56 @@ class E2BSandbox:
             if not res.ok:
                 raise SandboxError(f"chmod {mode:o} {path} failed: {res!r}")
 
-    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
-        """The bytes of ``path`` via ``GET /files``.
+    async def read_file(
+        self,
+        path: str,
+        *,
+        user: str | None = None,
+        max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
+        special: bool = False,
+    ) -> bytes:
+        """The bytes of ``path``: ``Stat`` (unless ``special``), then a bounded ``GET /files``.
 
-        Raises:
-            SandboxFileNotFoundError: no such file.
-            SandboxError: anything else (never ``b""`` for a failure).
+        See :meth:`trio_swe.Sandbox.read_file` for the caps.
         """
         check_abs_path(path)
+        check_read_args(max_bytes, special)
         user = check_user(user or "root")
         self._check_alive()
         try:
-            return await self._envd.read_file(path, user=user)
+            target = path
+            if not special:
+                # A symlink is followed a few hops; what is not a regular file is never opened
+                # (envd would stream /dev/zero forever and block on a FIFO).
+                for _hop in range(8):
+                    entry = await self._envd.stat(target, user=user)
+                    if entry.type == "FILE_TYPE_SYMLINK" and entry.symlink_target:
+                        target = entry.symlink_target
+                        continue
+                    break
+                if entry.type == _wire.FILE_TYPE_DIRECTORY:
+                    raise SandboxNotAFileError(path, "directory")
+                if entry.type != _wire.FILE_TYPE_FILE:
+                    raise SandboxNotAFileError(path, "special file")
+                size = _wire.as_int(entry.size)
+                if max_bytes is not None and size > max_bytes:
+                    raise SandboxFileTooLargeError(path, max_bytes, size)
+            data, over = await self._envd.read_file_capped(target, user=user, limit=max_bytes)
+        except (SandboxNotAFileError, SandboxFileTooLargeError):
+            raise
         except _connect.ConnectError as exc:
-            if exc.http_status == 404 and not _gone(exc):
+            if (exc.http_status == 404 or exc.code == "not_found") and not _gone(exc):
                 raise SandboxFileNotFoundError(
                     f"{path}: no such file in sandbox {self._id}"
                 ) from exc
+            if exc.http_status == 400 and "directory" in str(exc):
+                raise SandboxNotAFileError(path, "directory") from exc
             raise await self._infra_error(exc, f"read_file {path}") from exc
         except Exception as exc:
             raise await self._infra_error(exc, f"read_file {path}") from exc
+        if over and max_bytes is not None:
+            raise SandboxFileTooLargeError(path, max_bytes)
+        return data
 
     # --- lifecycle -----------------------------------------------------------------------
 

@@ -16,10 +16,12 @@ from ..._errors import (
     InvalidArgumentError,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxFileTooLargeError,
+    SandboxNotAFileError,
     SandboxNotRunningError,
 )
-from .._types import ExecResult
-from .._validate import check_abs_path, check_env, check_user
+from .._types import DEFAULT_READ_MAX_BYTES, ExecResult
+from .._validate import check_abs_path, check_env, check_read_args, check_user
 from ._process import LocalProcess, nsenter_argv, start_local_process
 from ._users import ROOT, SandboxUser
 
@@ -30,7 +32,26 @@ _DRAIN_AFTER_EXIT_SEC = 1.0
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Reads a file, telling "missing" apart from other failures by a reserved status.
-_READ_SCRIPT = 'if [ ! -e "$1" ]; then exit 44; fi; exec cat -- "$1"'
+_NOT_A_FILE_STATUS = 45
+_TOO_LARGE_STATUS = 46
+# Reads a file: $1 path, $2 max bytes ("" for no cap), $3 "1" to read what is not a regular file.
+# Reserved statuses tell "missing", "not a file" (its kind on stderr) and "too large" (the size
+# on stderr) apart from other failures; `head` never reads more than the cap + 1.
+_READ_SCRIPT = """p=$1
+if [ ! -e "$p" ]; then exit 44; fi
+if [ -d "$p" ]; then echo directory >&2; exit 45; fi
+if [ ! -f "$p" ] && [ "$3" != 1 ]; then
+  if [ -p "$p" ]; then k=fifo; elif [ -c "$p" ]; then k="character device"
+  elif [ -b "$p" ]; then k="block device"; elif [ -S "$p" ]; then k=socket
+  else k="special file"; fi
+  echo "$k" >&2; exit 45
+fi
+if [ -z "$2" ]; then exec cat -- "$p"; fi
+if [ -f "$p" ] && s=$(stat -L -c %s -- "$p" 2>/dev/null) && [ "$s" -gt "$2" ]; then
+  echo "$s" >&2; exit 46
+fi
+exec head -c "$(($2 + 1))" -- "$p"
+"""
 _WRITE_SCRIPT = (
     'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi'
 )
@@ -297,22 +318,45 @@ class LocalSandbox:
             )
         self._stats["files_written"] += 1
 
-    async def read_file(self, path: str, *, user: str | None = None) -> bytes:
-        """The bytes of ``path``; :class:`SandboxFileNotFoundError` if it does not exist."""
+    async def read_file(
+        self,
+        path: str,
+        *,
+        user: str | None = None,
+        max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
+        special: bool = False,
+    ) -> bytes:
+        """The bytes of ``path``; see :meth:`trio_swe.Sandbox.read_file` for the caps."""
         check_abs_path(path)
+        check_read_args(max_bytes, special)
         status, out, err, _ = await self._run(
-            ["/bin/sh", "-c", _READ_SCRIPT, "read_file", path],
+            [
+                "/bin/sh",
+                "-c",
+                _READ_SCRIPT,
+                "read_file",
+                path,
+                "" if max_bytes is None else str(max_bytes),
+                "1" if special else "",
+            ],
             user=user,
             cwd="/",
             merge_stderr=False,
-            max_output=None,  # a file is returned whole or not at all
+            max_output=None,  # a file is returned whole or not at all; `head` bounds it
         )
+        detail = err.decode(errors="replace").strip()
         if status == _NOT_FOUND_STATUS:
             raise SandboxFileNotFoundError(f"{path}: no such file in sandbox {self._id}")
-        if status != 0:
-            raise SandboxError(
-                f"read_file {path!r} failed ({status}): {err.decode(errors='replace').strip()}"
+        if status == _NOT_A_FILE_STATUS:
+            raise SandboxNotAFileError(path, detail or "special file")
+        if status == _TOO_LARGE_STATUS and max_bytes is not None:
+            raise SandboxFileTooLargeError(
+                path, max_bytes, int(detail) if detail.isdigit() else None
             )
+        if status != 0:
+            raise SandboxError(f"read_file {path!r} failed ({status}): {detail}")
+        if max_bytes is not None and len(out) > max_bytes:
+            raise SandboxFileTooLargeError(path, max_bytes)
         self._stats["files_read"] += 1
         return out
 

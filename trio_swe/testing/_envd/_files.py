@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import posixpath
+import re
+import shlex
+from typing import Final
 
 from ..._errors import (
     InvalidArgumentError,
@@ -17,6 +20,47 @@ from ._base import (
 from ._faults import Fault
 from ._multipart import MultipartError, boundary_of, parse_multipart
 from ._registry import SandboxEntry
+
+#: The most a GET without a Range reads (the test server keeps a body in memory).
+SERVE_MAX_BYTES: Final = 1 << 30
+_RANGE = re.compile(r"^bytes=0-(\d+)$")
+
+
+def _range_limit(header: str | None) -> int | None:
+    """Bytes asked for by ``Range: bytes=0-N`` (N + 1); other ranges are ignored (a full body)."""
+    m = _RANGE.match(header or "")
+    return int(m.group(1)) + 1 if m else None
+
+
+async def _serve_bytes(entry: SandboxEntry, full: str, user: str, limit: int | None) -> bytes:
+    """What envd's download sends: anything it can open (a device, a FIFO: it blocks), up to
+    ``limit`` bytes; a directory is a 400. Cancelled, the reader is killed."""
+    sb = entry.sandbox
+    q = shlex.quote(full)
+    probe = await sb.exec(
+        f"[ -e {q} ] || exit 44; [ -d {q} ] && exit 45; exit 0", user=user, cwd="/"
+    )
+    if probe.exit_code == 44:
+        raise SandboxFileNotFoundError(full)
+    if probe.exit_code == 45:
+        raise SandboxError(f"path '{full}' is a directory")
+    cap = SERVE_MAX_BYTES if limit is None else min(limit, SERVE_MAX_BYTES)
+    proc = await entry.host.start_process(["head", "-c", str(cap), "--", full], user=user, cwd="/")
+    data = bytearray()
+    try:
+        assert proc.stdout is not None
+        while chunk := await proc.stdout.receive_some(1 << 16):
+            data += chunk
+        status = await proc.wait()
+        err = b""
+        if proc.stderr is not None:
+            while piece := await proc.stderr.receive_some(1 << 16):
+                err += piece
+    finally:
+        await proc.aclose()
+    if status != 0:
+        raise SandboxError(err.decode(errors="replace").strip() or f"head exited with {status}")
+    return bytes(data)
 
 
 class FileRoutes(AppBase):
@@ -50,8 +94,9 @@ class FileRoutes(AppBase):
                 await req.respond_json(400, {"code": 400, "message": "missing path"})
                 return
             full = self._abs_path(path, user)
+            limit = _range_limit(req.headers.get("range"))
             try:
-                data = await entry.sandbox.read_file(full, user=user)
+                data = await _serve_bytes(entry, full, user, limit)
             except SandboxFileNotFoundError:
                 await req.respond_json(404, {"code": 404, "message": f"path '{full}' not found"})
                 return
@@ -62,7 +107,12 @@ class FileRoutes(AppBase):
             except (InvalidArgumentError, SandboxError) as exc:
                 await req.respond_json(400, {"code": 400, "message": str(exc)})
                 return
-            await req.respond(200, data, [("content-type", "application/octet-stream")])
+            headers = [("content-type", "application/octet-stream")]
+            if limit is not None and data:
+                headers.append(("content-range", f"bytes 0-{len(data) - 1}/*"))
+                await req.respond(206, data, headers)
+                return
+            await req.respond(200, data, headers)
             return
         if req.method != "POST":
             await req.body()
