@@ -127,7 +127,9 @@ class DockerBackend:
             ``"none"`` (the default) keeps every sandbox off the network.
         limits: resource limits of sandboxes whose spec has none.
         env: environment of every command in every sandbox of this backend.
-        init: run the daemon's init (``docker-init``) as PID 1, reaping orphans.
+        init: run the daemon's init (``docker-init``) as PID 1, reaping orphans. Default: on
+            for Docker, off for podman (its ``catatonit`` is often not installed; the keep-alive
+            shell then is PID 1 and reaps what is reparented to it).
         ulimits: explicit rlimits, ``(name, soft, hard)``; default none for Docker and
             ``nofile``/``nproc`` within this process's hard limits for podman.
         pull: ``"missing"`` pulls images the daemon lacks; ``"never"`` fails the boot instead.
@@ -152,7 +154,7 @@ class DockerBackend:
         network_mode: str = "none",
         limits: ResourceLimits | None = None,
         env: Mapping[str, str] | None = None,
-        init: bool = True,
+        init: bool | None = None,
         ulimits: list[tuple[str, int, int]] | None = None,
         pull: str = "missing",
         on_pull_progress: Callable[[PullProgress], None] | None = None,
@@ -358,7 +360,7 @@ class DockerBackend:
             network_mode=network,
             limits=spec.limits or self.limits,
             ulimits=ulimits,
-            init=self._init,
+            init=self._init if self._init is not None else not self._podman,
         )
         try:
             with trio.fail_after(self._boot_timeout):
