@@ -42,6 +42,14 @@ def ray(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def models(session: nox.Session) -> None:
+    """Real-checkpoint tests in full: the default ones plus `trio-swe demo --tokenizer` (Qwen3)."""
+    session.env["TRIO_SWE_MODELS_FULL"] = "1"
+    args = session.posargs or ["-q", "-n", "2", "-p", "no:randomly"]
+    session.run(PYTHON, "-m", "pytest", "tests/models", *args)
+
+
+@nox.session(python=False)
 def lint(session: nox.Session) -> None:
     """ruff: lint and format check."""
     session.run(tool("ruff"), "check", *SRC)
