@@ -33,6 +33,8 @@ TABLE = {
     "SpecBuildError": "internal_error",
     "SampleDecodeError": "internal_error",
     "SandboxFileNotFoundError": "internal_error",
+    "SandboxFileTooLargeError": "internal_error",
+    "SandboxNotAFileError": "internal_error",
     "TemplateError": "internal_error",
     "NotAppendOnlyError": "internal_error",
 }
