@@ -111,12 +111,12 @@ async def test_run_with_an_unknown_swe_backend_names_the_choices(tmp_path: Path)
     dataset.write_text("")
     proc = await trio.run_process(
         [TRIO_SWE, "run", str(dataset), "--out", str(tmp_path / "out.msgpack")],
-        env={**os.environ, "SWE_BACKEND": "docker", "COLUMNS": "160"},
+        env={**os.environ, "SWE_BACKEND": "podman", "COLUMNS": "160"},  # docker is one now
         capture_stdout=True,
         capture_stderr=True,
         check=False,
     )
     text = proc.stdout.decode() + proc.stderr.decode()
     assert proc.returncode == 2, text
-    assert "SWE_BACKEND='docker'" in text
+    assert "SWE_BACKEND='podman'" in text
     assert "'local', 'e2b'" in text

@@ -234,9 +234,9 @@ def test_cancelled_generate_leaves_no_sandbox_on_the_server(
 def test_unknown_backend_is_a_config_error_before_the_row_is_read(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("SWE_BACKEND", "docker")
+    monkeypatch.setenv("SWE_BACKEND", "podman")  # docker is a backend now
     broken = SlimeLikeSample(prompt="?", label="broken", metadata={"instance_id": "b"})
-    with pytest.raises(ConfigError, match=r"SWE_BACKEND='docker'.*'local', 'e2b'"):
+    with pytest.raises(ConfigError, match=r"SWE_BACKEND='podman'.*'local', 'e2b'"):
         asyncio.run(generate(SimpleNamespace(), broken, {}))
 
 
