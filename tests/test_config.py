@@ -158,7 +158,9 @@ def test_every_variable_refuses_bad_values_by_name(var: str, value: str) -> None
 
 
 def test_an_unknown_agent_fails_in_from_env_naming_the_choices() -> None:
-    with pytest.raises(ConfigError, match=r"SWE_AGENT=.no-such-agent.*choose one of bash, .*npm-cli"):
+    with pytest.raises(
+        ConfigError, match=r"SWE_AGENT=.no-such-agent.*choose one of bash, .*npm-cli"
+    ):
         SweConfig.from_env({"SWE_AGENT": "no-such-agent"})
 
 
