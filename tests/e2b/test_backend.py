@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import trio
@@ -227,3 +228,14 @@ async def test_tls_http2_with_a_private_ca() -> None:
             open_sandbox(backend, "base") as sb,
         ):
             assert (await sb.exec("echo tls")).output == "tls\n"
+
+
+async def test_unknown_template_is_a_permanent_boot_error(tmp_path: Path) -> None:
+    """Issue 9, item 10: a 404 from create is the same every time; not retried by episodes."""
+    from trio_swe import PermanentBootError
+
+    async with open_server_and_backend(templates={"base": str(tmp_path)}) as (server, backend):
+        with pytest.raises(PermanentBootError, match="no-such-template"):
+            async with open_sandbox(backend, "no-such-template"):
+                pass
+        assert server.live_sandbox_ids() == []

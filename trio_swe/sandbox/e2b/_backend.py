@@ -12,7 +12,7 @@ from typing import Any, Final
 
 import trio
 
-from ..._errors import ConfigError, SandboxBootError
+from ..._errors import ConfigError, PermanentBootError, SandboxBootError
 from .._images import ImageMap, ImageSource
 from .._types import SandboxSpec
 from . import _connect
@@ -216,6 +216,11 @@ class E2BBackend(trio.abc.AsyncResource):
                 )
                 if not refused:  # the API may have created it: find it and kill it
                     await self._reap_ambiguous_create(rest, spec.image, kwargs)
+                if refused and exc.http_status in (400, 404):  # type: ignore[attr-defined]
+                    # An unknown template or a refused spec: the same answer every time.
+                    raise PermanentBootError(
+                        f"E2B refused the sandbox for {spec.image!r}: {exc!r}"
+                    ) from exc
                 if isinstance(exc, Exception):
                     raise SandboxBootError(f"could not create an E2B sandbox: {exc!r}") from exc
                 raise
