@@ -307,8 +307,11 @@ class _Call:
         if self.want_output and not force_full and size <= INLINE_OUTPUT_BYTES:
             return tail, False  # the whole output came inline
         if self.want_output or force_full:
-            # Our own regular file: read whole, as before read_file had a cap.
-            data = await self.sb.read_file(self.plan.out_path, user=self.plan.user, max_bytes=None)
+            # Our own regular file: read whole and unchecked (no Stat round trip on E2B), as
+            # before read_file had a cap.
+            data = await self.sb.read_file(
+                self.plan.out_path, user=self.plan.user, max_bytes=None, special=True
+            )
             return data.decode("utf-8", errors="replace"), False
         if status == 0:
             return "", False
