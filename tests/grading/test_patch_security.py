@@ -134,3 +134,18 @@ async def test_a_patch_with_a_lone_surrogate_is_a_typed_error(
     gold = calc.gold.encode().decode("utf-8", "surrogateescape")
     result = await run_evaluation(grading_backend, md, gold, timeout_sec=60)
     assert result.reward == 1.0, result
+
+
+async def test_a_log_over_the_read_cap_keeps_its_head(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """read_text (grading's log reader) past LOG_MAX_BYTES returns the head, not an error."""
+    from trio_swe import open_sandbox
+    from trio_swe.grading import _run
+
+    monkeypatch.setattr(_run, "LOG_MAX_BYTES", 1000)
+    async with open_sandbox(LocalBackend(), str(tmp_path)) as sb:
+        await sb.write_file("/tmp/log", b"start\n" + b"x" * 3000)
+        text = await _run.read_text(sb, "/tmp/log")
+        assert text == "start\n" + "x" * 994
+        assert await _run.read_text(sb, "/tmp/none") == ""
