@@ -525,13 +525,15 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from .models import ChatModel
     from .sandbox.local import LocalBackend
 
+    if args.agent != "bash":
+        return await _cmd_demo_cli(args, console)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="trio_swe-demo-"))
     try:
         demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
         config = SweConfig(
             episode=EpisodeBudgets(
-                agent_time_budget_sec=args.agent_budget,
+                agent_time_budget_sec=args.agent_budget or 5.0,
                 eval_timeout_sec=60.0,
                 setup_timeout_sec=60.0,
                 guard_headroom_sec=60.0,
@@ -598,6 +600,104 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
         console.print(
             f"{matched}/{len(results)} episodes earned the reward their script plays for; "
             f"{samples} samples, {tokens} tokens; {time.monotonic() - started:.1f}s"
+        )
+        if args.out:
+            console.print(f"results: {args.out}")
+        return 0 if matched == len(results) else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        else:
+            console.print(f"kept {workdir}")
+
+
+async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
+    """The demo with a real CLI agent: its shell tool plays the scripts, through the gateway."""
+    from .agents._cli import CLI_AGENTS, CliAgent
+    from .agents._install import ensure_installed
+    from .agents._policy import SGLangPolicy
+    from .demo import build_demo_set, open_scripted_policy_server
+    from .demo._cli_scripts import RawTextTokenizer, cli_scripts
+    from .models import ChatModel, load_tokenizer
+    from .sandbox.local import LocalBackend
+
+    if args.agent not in CLI_AGENTS:
+        console.print(
+            f"[red]--agent {args.agent!r}: choose bash or one of {', '.join(sorted(CLI_AGENTS))}"
+        )
+        return 2
+    if not args.tokenizer:
+        console.print(
+            f"[red]--agent {args.agent} records its turns through the gateway, which renders them "
+            "with a checkpoint's chat template: pass --tokenizer PATH"
+        )
+        return 2
+    started = time.monotonic()
+    console.print(f"demo: installing {args.agent} (pinned, cached) if needed ...")
+    exe = await ensure_installed(args.agent)
+    tokenizer = await trio.to_thread.run_sync(load_tokenizer, args.tokenizer)
+    model = await trio.to_thread.run_sync(partial(ChatModel, tokenizer, name=args.tokenizer))
+    workdir = Path(tempfile.mkdtemp(prefix="trio_swe-demo-"))
+    try:
+        demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
+        config = SweConfig(
+            episode=EpisodeBudgets(
+                agent_time_budget_sec=args.agent_budget or 90.0,
+                eval_timeout_sec=60.0,
+                setup_timeout_sec=60.0,
+                guard_headroom_sec=60.0,
+                max_context_tokens=max(args.max_context_tokens, 65536),
+            ),
+            boot=BootPolicy(concurrency=max(args.concurrency, 1)),
+        )
+        config.validate_protocols()
+        mds = [get_metadata(row, "scaleswe") for row in demo.rows]
+        console.print(
+            f"demo: {len(mds)} instances; {args.agent} ({exe}) through the recording gateway; "
+            f"scripted policy on {args.tokenizer}; local backend, sandboxes reach only the "
+            f"gateway; concurrency {args.concurrency}"
+        )
+        writer = ResultsWriter(args.out) if args.out else None
+        try:
+            async with (
+                open_scripted_policy_server(
+                    cli_scripts(args.agent, model=model),
+                    tokenizer=RawTextTokenizer(tokenizer),
+                    turn_marker=model.generation_prompt or None,
+                    key_pattern=r"Instance: ([\w.\-]+)",
+                ) as server,
+                SGLangPolicy(server.url) as policy,
+            ):
+                agent = CliAgent(
+                    args.agent, policy=policy, tokenizer=tokenizer, tool_parser=args.tool_parser
+                )
+                results = await _run_with_progress(
+                    console,
+                    mds,
+                    agent,
+                    backend=LocalBackend(),
+                    config=config,
+                    concurrency=args.concurrency,
+                    writer=writer,
+                    network=False,
+                    show_progress=not args.no_progress,
+                )
+        finally:
+            if writer is not None:
+                writer.close()
+        console.print(_summary_table(results, demo.expected_rewards))
+        matched = sum(
+            1
+            for r in results
+            if r.status != "aborted" and r.reward == demo.expected_rewards[r.instance_id]
+        )
+        samples = sum(len(r.samples) for r in results)
+        turns = sum(r.n_turns for r in results)
+        tokens = sum(len(s.tokens) for r in results for s in r.samples)
+        console.print(
+            f"{matched}/{len(results)} episodes earned the reward their script plays for; "
+            f"{turns} turns recorded by the gateway, {samples} samples, {tokens} tokens; "
+            f"{time.monotonic() - started:.1f}s"
         )
         if args.out:
             console.print(f"results: {args.out}")
@@ -784,7 +884,16 @@ def _parser() -> argparse.ArgumentParser:
         "--concurrency", type=int, default=4, help="episodes running at once (default: 4)"
     )
     demo.add_argument(
-        "--agent-budget", type=float, default=5.0, help="seconds per agent run (default: 5)"
+        "--agent",
+        default="bash",
+        help="bash (the built-in agent) or a CLI agent through the recording gateway: "
+        "claude-code, codex, qwen-code, opencode, mini-swe-agent (needs --tokenizer)",
+    )
+    demo.add_argument(
+        "--agent-budget",
+        type=float,
+        default=None,
+        help="seconds per agent run (default: 5 for bash, 90 for a CLI agent)",
     )
     demo.add_argument(
         "--max-context-tokens",

@@ -10,6 +10,7 @@ from typing import Any
 from trio_swe import Sample, TurnRecord
 from trio_swe.agents import SGLangPolicy
 from trio_swe.demo import ScriptedCompletion, open_scripted_policy_server, scripted_logprob
+from trio_swe.demo._cli_scripts import RawTextTokenizer
 from trio_swe.demo._policy_server import ScriptedPolicyServer
 from trio_swe.models import load_tokenizer
 
@@ -24,21 +25,6 @@ def qwen3_tokenizer() -> Any:
     return load_tokenizer(qwen3_dir())
 
 
-class RawText:
-    """Qwen3's tokenizer for the scripted server, playing each completion's text as written
-    (the scripts are already in Qwen3's format), with the full vocabulary (specials included)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-        self.vocab_size = len(tokenizer)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self._tok.decode(list(ids), skip_special_tokens=False))
-
-
 @asynccontextmanager
 async def scripted_policy(
     scripts: Mapping[str, Sequence[str | ScriptedCompletion]],
@@ -46,7 +32,7 @@ async def scripted_policy(
     """The scripted policy server on the Qwen3 tokenizer, and a client of it."""
     async with (
         open_scripted_policy_server(
-            scripts, tokenizer=RawText(qwen3_tokenizer()), key_pattern=KEY_PATTERN
+            scripts, tokenizer=RawTextTokenizer(qwen3_tokenizer()), key_pattern=KEY_PATTERN
         ) as server,
         SGLangPolicy(server.url) as policy,
     ):

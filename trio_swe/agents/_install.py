@@ -174,12 +174,19 @@ def _install_commands(pkg: CliPackage, staging: Path) -> list[list[str]]:
 
 
 def _check(pkg: CliPackage, root: Path) -> str:
+    """The installed version, checked against the pin (``--version``; a Python agent's from its
+    package metadata, as mini has no ``--version``)."""
     exe = pkg.bin_path(root)
-    env = {**os.environ, "HOME": str(root), "MSWEA_CONFIGURED": "true", "NO_COLOR": "1"}
-    out = subprocess.run(
-        [str(exe), "--version"], capture_output=True, text=True, timeout=120, env=env
-    )
-    if out.returncode != 0 or (pkg.version not in out.stdout and pkg.registry == "npm"):
+    if not exe.exists():
+        raise RuntimeError(f"{exe} is missing after the install")
+    if pkg.registry == "npm":
+        argv = [str(exe), "--version"]
+    else:
+        query = f"import importlib.metadata as m; print(m.version({pkg.package!r}))"
+        argv = [str(root / "bin" / "python"), "-c", query]
+    env = {**os.environ, "HOME": str(root), "NO_COLOR": "1"}
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    if out.returncode != 0 or pkg.version not in out.stdout:
         raise RuntimeError(
             f"{exe} --version exited {out.returncode}: {(out.stdout + out.stderr)[-500:]}"
         )

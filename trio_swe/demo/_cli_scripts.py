@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 
 from ..agents._bash_agent import parse_command
+from ..models import ChatModel, ParsedOutput, ToolCall
 from ._instances import DEMO_INSTANCES, DemoInstance
 from ._policy_server import ScriptedCompletion
 
-__all__ = ["CLI_SHELL_TOOLS", "cli_script", "cli_scripts", "tool_call_text"]
+__all__ = ["CLI_SHELL_TOOLS", "RawTextTokenizer", "cli_script", "cli_scripts", "tool_call_text"]
 
 #: Each CLI agent's shell tool and its command argument.
 CLI_SHELL_TOOLS: dict[str, tuple[str, str]] = {
@@ -42,8 +44,43 @@ def tool_call_text(name: str, arguments: dict[str, object], reasoning: str = "")
     return f"{think}<tool_call>\n{call}\n</tool_call>"
 
 
-def cli_script(agent: str, instance: DemoInstance) -> list[str | ScriptedCompletion]:
-    """``instance``'s script for ``agent`` (a key of :data:`CLI_SHELL_TOOLS`)."""
+class RawTextTokenizer:
+    """A Hugging Face tokenizer as the scripted server's :class:`~trio_swe.agents.Tokenizer`:
+    completions are played as written (already in the model's format, see :func:`cli_script`),
+    with the whole vocabulary (special tokens included) valid."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+
+def _say(model: ChatModel | None, reasoning: str, call: ToolCall | None, text: str = "") -> str:
+    if model is None:
+        if call is None:
+            return text
+        return tool_call_text(call.name, dict(call.arguments), reasoning)
+    message = ParsedOutput(
+        text="",
+        reasoning=reasoning or None,
+        content=text,
+        tool_calls=(call,) if call is not None else (),
+    ).message()
+    sampled = model.assistant_text(message)
+    # The scripted server appends the stop token itself.
+    return sampled[: -len(model.stop_text)] if sampled.endswith(model.stop_text) else sampled
+
+
+def cli_script(
+    agent: str, instance: DemoInstance, model: ChatModel | None = None
+) -> list[str | ScriptedCompletion]:
+    """``instance``'s script for ``agent`` (a key of :data:`CLI_SHELL_TOOLS`): Qwen3's format,
+    or ``model``'s own (its template renders each turn as the model would sample it)."""
     tool, arg = CLI_SHELL_TOOLS[agent]
     out: list[str | ScriptedCompletion] = ["(primer)"] * _PRIMED_TURNS.get(agent, 0)
     for step in instance.script:
@@ -54,11 +91,11 @@ def cli_script(agent: str, instance: DemoInstance) -> list[str | ScriptedComplet
         reasoning = text[: text.find("```")].strip()
         if command == "submit":
             if agent == "mini-swe-agent":
-                body = tool_call_text(tool, {arg: _MINI_SUBMIT}, reasoning)
+                body = _say(model, reasoning, ToolCall(tool, {arg: _MINI_SUBMIT}))
             else:
-                body = reasoning or "Done."
+                body = _say(model, "", None, reasoning or "Done.")
         else:
-            body = tool_call_text(tool, {arg: command}, reasoning)
+            body = _say(model, reasoning, ToolCall(tool, {arg: command}))
         if isinstance(step, ScriptedCompletion):
             out.append(ScriptedCompletion(body, delay_sec=step.delay_sec))
         else:
@@ -67,7 +104,9 @@ def cli_script(agent: str, instance: DemoInstance) -> list[str | ScriptedComplet
 
 
 def cli_scripts(
-    agent: str, instances: Sequence[DemoInstance] = DEMO_INSTANCES
+    agent: str,
+    instances: Sequence[DemoInstance] = DEMO_INSTANCES,
+    model: ChatModel | None = None,
 ) -> dict[str, list[str | ScriptedCompletion]]:
     """Every demo instance's script for ``agent``, by instance id."""
-    return {inst.instance_id: cli_script(agent, inst) for inst in instances}
+    return {inst.instance_id: cli_script(agent, inst, model) for inst in instances}
