@@ -82,6 +82,14 @@ def bench(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def agents(session: nox.Session) -> None:
+    """The five real CLI agents (npm, PyPI; installed once into the cache) through the gateway."""
+    session.run(PYTHON, "-m", "trio_swe.agents.install", "all")
+    args = session.posargs or ["-q", "-n", "2", "-p", "no:randomly", "tests/gateway"]
+    session.run(PYTHON, "-m", "pytest", *args, env={"TRIO_SWE_AGENTS_FULL": "1"})
+
+
+@nox.session(python=False)
 def demo(session: nox.Session) -> None:
     """The bundled demo, end to end on the local backend."""
     session.run(tool("trio-swe"), "demo", *session.posargs)

@@ -17,7 +17,7 @@ import os
 import shlex
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -302,6 +302,7 @@ class CliAgent(BaseAgent):
         python: the interpreter that runs the forwarder in the sandbox.
         extra_env: more environment for the agent.
         own_policy: :meth:`aclose` closes the policy (the registry's agents own theirs).
+        wrapper: a command the CLI runs under (e.g. ``strace -f -e trace=connect -o FILE``).
     """
 
     append_only = False  # the gateway forks where a client rewrites its history
@@ -322,6 +323,7 @@ class CliAgent(BaseAgent):
         python: str | None = None,
         extra_env: Mapping[str, str] | None = None,
         own_policy: bool = False,
+        wrapper: Sequence[str] = (),
     ) -> None:
         if name not in CLI_AGENTS:
             raise ConfigError(
@@ -340,6 +342,7 @@ class CliAgent(BaseAgent):
         self.python = python or _sandbox_python()
         self.extra_env = dict(extra_env or {})
         self.own_policy = own_policy
+        self.wrapper = list(wrapper)
         self.last_session: Any = None  # the last episode's GatewaySession (for tests, tools)
 
     async def aclose(self) -> None:
@@ -444,7 +447,7 @@ class CliAgent(BaseAgent):
         )
 
     def _command(self, ctx: CliContext, prompt: str, forward: str | None) -> str:
-        argv = " ".join(shlex.quote(a) for a in self.spec.argv(ctx, prompt))
+        argv = " ".join(shlex.quote(a) for a in [*self.wrapper, *self.spec.argv(ctx, prompt)])
         home = shlex.quote(ctx.home)
         steps = [f"mkdir -p {home}"]
         if forward is not None:
