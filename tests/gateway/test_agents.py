@@ -220,3 +220,80 @@ async def test_claude_code_stops_on_context_overflow_and_the_sample_is_truncated
     samples = builder.finish(reward=0.0)
     assert samples
     assert samples[-1].status == "truncated"
+
+
+def test_generate_with_claude_code(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """slime's generate() with SWE_AGENT=claude-code, from asyncio, as slime calls it."""
+    import asyncio
+    import copy
+    from types import SimpleNamespace
+
+    import trio
+
+    from trio_swe import aio, generate
+    from trio_swe.demo import build_demo_set, open_scripted_policy_server
+    from trio_swe.demo._cli_scripts import RawTextTokenizer, cli_scripts
+
+    from ..models.test_generate_qwen3 import slime_assertions
+    from ..qwen3 import qwen3_dir
+    from ._support import KEY_PATTERN
+
+    monkeypatch.setenv("SWE_AGENT", "claude-code")
+    monkeypatch.setenv("SWE_AGENT_TIME_BUDGET_SEC", "120")
+    monkeypatch.setenv("SWE_EVAL_TIMEOUT_SEC", "60")
+    demo = build_demo_set(tmp_path / "repos")
+    rows = {row["label"]: row for row in demo.rows}
+    names = ["demo__calc-1", "demo__stack-1"]
+
+    async def serve(ready: asyncio.Future[Any]) -> None:
+        async with open_scripted_policy_server(
+            cli_scripts("claude-code"),
+            tokenizer=RawTextTokenizer(qwen3_tokenizer()),
+            key_pattern=KEY_PATTERN,
+        ) as server:
+            ready.set_result(server)
+            await trio.sleep_forever()
+
+    async def main() -> list[Any]:
+        from ..test_rollout_generate import SlimeLikeSample
+
+        ready: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        serving = asyncio.ensure_future(aio.run(serve, ready))
+        server = await ready
+        args = SimpleNamespace(
+            sglang_router_ip="127.0.0.1",
+            sglang_router_port=server.port,
+            hf_checkpoint=str(qwen3_dir()),
+            rollout_max_context_len=65536,
+        )
+        params = {"temperature": 0.7, "max_new_tokens": 1024}
+        out = await asyncio.gather(
+            *(
+                generate(
+                    args,
+                    SlimeLikeSample(
+                        prompt=rows[n]["prompt"],
+                        label=n,
+                        metadata=copy.deepcopy(rows[n]["metadata"]),
+                    ),
+                    params,
+                )
+                for n in names
+            )
+        )
+        serving.cancel()
+        try:
+            await serving
+        except asyncio.CancelledError:
+            pass
+        return list(out)
+
+    results = asyncio.run(main())
+    for name, samples in zip(names, results, strict=True):
+        (s,) = samples
+        assert s.reward == demo.expected_rewards[name], (name, s.metadata)
+        slime_assertions(s)
+        assert s.metadata["trajectory"]["turn_kinds"][1:] == ["clean"] * (
+            len(s.metadata["trajectory"]["turn_kinds"]) - 1
+        )
+        assert "<tool_call>" in s.response

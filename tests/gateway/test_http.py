@@ -522,3 +522,38 @@ async def test_ill_formed_tool_call_returned_as_text_and_marked(api: str) -> Non
         builder.add(turn)
         (sample,) = builder.finish(reward=0.0)
         assert sum(sample.loss_mask_list()) == 0  # masked, in place
+
+
+async def test_rewritten_history_forks_and_the_builder_says_so() -> None:
+    script = [CALL, tool_call_text("read_file", {"path": "/testbed/b.py"}), "Fine."]
+    async with gateway({"http-1": script}) as (gw, client, _):
+        session = gw.open_session("ep-fork", sampling_params={"max_new_tokens": 256})
+        auth = {"authorization": f"Bearer {session.api_key}"}
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+
+        async def ask(messages: list[dict[str, Any]]) -> dict[str, Any]:
+            r = await client.post("/v1/chat/completions", json=chat_body(messages), headers=auth)
+            assert r.status_code == 200, r.text
+            message: dict[str, Any] = r.json()["choices"][0]["message"]
+            return message
+
+        a1 = await ask(first)
+        result1 = {"role": "tool", "tool_call_id": a1["tool_calls"][0]["id"], "content": "x = 1"}
+        await ask([*first, a1, result1])
+        # The client asks the answered request again (it lost the reply): the history matches
+        # up to the first reply only, so the session branches there.
+        await ask([*first, a1, result1])
+        stats = session.statistics()
+        assert (stats.chains, stats.forks, stats.turns, stats.appended) == (2, 1, 3, 1)
+        # A compaction: the history replaced by a summary matches no reply: a new chain.
+        await ask([first[0], {"role": "user", "content": TASK + "\n\nSummary: a.py read."}])
+        stats = session.statistics()
+        assert (stats.chains, stats.forks, stats.turns) == (3, 1, 4)
+        builder = SampleBuilder()
+        for t in session.turns():
+            builder.add(t)
+        samples = builder.finish(reward=1.0)
+        kinds = [k for s in samples for k in s.metadata["trajectory"]["turn_kinds"]]
+        assert kinds[:2] == ["start", "clean"]
+        assert kinds[2] in ("realign", "fork")  # the branch, as the builder places it
+        assert "fork" in kinds[2:]  # the compacted chain starts a new sample
