@@ -9,6 +9,7 @@ signature (which carries our reference), and tool types other than custom tools 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -219,8 +220,6 @@ def reply_events(reply: Reply) -> Iterator[bytes]:
             start = {"type": "text", "text": ""}
             deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
         else:
-            import json
-
             start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
             deltas = [
                 {

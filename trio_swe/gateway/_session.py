@@ -32,6 +32,7 @@ from typing import Any
 
 import msgspec
 
+from .._errors import ConfigError
 from ..agents._policy import PolicyOutput
 from ..models import ChatModel, NotAppendOnlyError, TokenHistory
 from ..trajectory import TurnRecord
@@ -263,14 +264,8 @@ class Session:
             rest = incoming[k:]
             messages = prefix + [m.template_dict() for m in rest]
             history = model.start(messages)
-        except ApiError:
-            raise
-        except Exception as exc:
-            from ..models import TemplateError
-
-            if isinstance(exc, TemplateError):
-                raise ApiError(400, "invalid_request", str(exc)) from exc
-            raise
+        except ConfigError as exc:  # tools or messages the chat template cannot render
+            raise ApiError(400, "invalid_request", str(exc)) from exc
         self._stats["rendered_tokens"] += len(history.ids)
         return self._pending(conv, history, chain=None, side=side, forked=forked)
 
