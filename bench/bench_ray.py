@@ -15,7 +15,7 @@ policy server:
   do) against a threaded actor running ``trio.run`` in a thread, per call.
 
 Run: ``python -m bench ray``. ``BENCH_RAY_CONCURRENCY`` (default 4, the total) and
-``BENCH_RAY_EPISODES`` (default 14) set the throughput runs; ``BENCH_RAY_ROUNDS`` (default 1)
+``BENCH_RAY_EPISODES`` (default 14) set the throughput runs; ``BENCH_RAY_ROUNDS`` (default 3)
 repeats them (medians are printed). The machine's 2 cores are shared by both simulated nodes,
 so two workers cannot be faster than one here: the figures show what Ray costs, not a speed-up.
 """
@@ -47,7 +47,7 @@ from trio_swe.sandbox.local import LocalBackend
 
 CONCURRENCY = int(os.environ.get("BENCH_RAY_CONCURRENCY", "4"))
 EPISODES = int(os.environ.get("BENCH_RAY_EPISODES", "14"))
-ROUNDS = int(os.environ.get("BENCH_RAY_ROUNDS", "1"))
+ROUNDS = int(os.environ.get("BENCH_RAY_ROUNDS", "3"))
 OVERHEAD_EPISODES = 7
 
 

@@ -10,8 +10,8 @@ Why guest mode rather than ``trio.run`` in a thread of a threaded actor: an asyn
 OS thread per running episode (a threaded actor needs one per concurrent call, so a thousand
 sandboxes mean a thousand threads), and Ray's ``ray.cancel`` of an async actor task arrives as
 ``asyncio.CancelledError``, which :func:`trio_swe.aio.run` turns into a trio cancellation and
-waits out (sandboxes killed) before the task ends. Measured per-call costs were the same within
-noise (``python -m bench ray``).
+waits out (sandboxes killed) before the task ends. Per call the two differ by a couple of
+milliseconds either way depending on load (``python -m bench ray``), nothing next to an episode.
 
 A worker killed outright (``ray.kill``, OOM, node loss) takes its sandboxes with it: the local
 backend's sandboxes die with their parent process (the init's lifeline pipe), E2B's at their TTL.
