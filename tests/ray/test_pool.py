@@ -172,3 +172,35 @@ async def test_cancelling_the_driver_at_random_moments_leaves_nothing(
             await run_cancelled_at(pool, mds * 2, moment)
             await assert_pool_clean(pool, tmp_path, set())
         assert server.statistics()["active"] == 0
+
+
+@FULL
+async def test_a_lost_node_costs_its_episodes_time_only(ray_cluster: Any, tmp_path: Path) -> None:
+    """A third node is removed mid-run: its worker's episodes run again on node_a."""
+    from trio_swe.testing._ray import add_loopback_node
+
+    demo, all_mds, _ = build_demo(tmp_path)
+    mds = [md for md in all_mds if md.instance_id not in demo.timeouts]
+    node = await trio.to_thread.run_sync(add_loopback_node, ray_cluster, {"node_c": 100})
+    gone: set[int] = set()
+    results: list[EpisodeResult] = []
+    async with (
+        open_scripted_policy_server(demo.scripts) as server,
+        make_pool(tmp_path, server.url, resources=[{"node_a": 1}, {"node_c": 1}]) as pool,
+    ):
+        on_c = [w for w in pool.live_workers() if w.info.node_id == node.node_id]
+        assert len(on_c) == 1
+        async with pool.rollouts(mds, network=False) as stream:
+            async for result in stream:
+                results.append(result)
+                if not gone:
+                    victim = next(w for w in pool.live_workers() if w.info.node_id == node.node_id)
+                    assert victim.running > 0
+                    gone.add(victim.info.pid)
+                    await trio.to_thread.run_sync(ray_cluster.remove_node, node)
+        assert pool.statistics()["deaths"] == 1
+        await assert_pool_clean(pool, tmp_path, gone)
+    assert Counter(r.instance_id for r in results) == Counter(m.instance_id for m in mds)
+    assert {r.instance_id: r.reward for r in results} == {
+        m.instance_id: demo.expected_rewards[m.instance_id] for m in mds
+    }

@@ -277,7 +277,9 @@ class WorkerPool:
             return
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + 30.0
-            refs: list[ObjectRef] = [w.handle.close.remote() for w in workers if w.state != "dead"]
+            # Only live workers close cleanly; one still starting (perhaps never placeable: its
+            # node is gone) is killed below without waiting for it.
+            refs: list[ObjectRef] = [w.handle.close.remote() for w in workers if w.state == "live"]
             for ref in refs:
                 try:
                     await wait_ref(ref)

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["LOOPBACK", "RAY_LOOPBACK_ENV", "local_ray_cluster"]
+__all__ = ["LOOPBACK", "RAY_LOOPBACK_ENV", "add_loopback_node", "local_ray_cluster"]
 
 LOOPBACK = "127.0.0.1"
 
@@ -51,6 +51,43 @@ def _environ(values: Mapping[str, str]) -> Iterator[None]:
                 os.environ[k] = v
 
 
+def _node_args(num_cpus: int, object_store_mb: int) -> dict[str, Any]:
+    return {
+        "node_ip_address": LOOPBACK,
+        "include_dashboard": False,
+        "num_cpus": num_cpus,
+        "object_store_memory": object_store_mb * 1024 * 1024,
+    }
+
+
+def add_loopback_node(
+    cluster: Any, resources: Mapping[str, float], *, num_cpus: int = 2, object_store_mb: int = 100
+) -> Any:
+    """Add a node to a :func:`local_ray_cluster` (while it runs); returns it for ``remove_node``."""
+    return cluster.add_node(**_node_args(num_cpus, object_store_mb), resources=dict(resources))
+
+
+def _start(cluster_class: Any, args: dict[str, Any], nodes: Sequence[Mapping[str, float]]) -> Any:
+    """Start the nodes; once more if a node misses Ray's registration wait.
+
+    Ray waits a hard-coded 30 s for a new raylet to register with the GCS; on a saturated
+    machine (many test processes on two cores) a node can miss it ("The current node timed out
+    during startup"). One more attempt, from scratch, is the bounded answer to that.
+    """
+    for attempt in (1, 2):
+        cluster = cluster_class()
+        try:
+            cluster.add_node(**args, resources=dict(nodes[0]))  # the first node is the head
+            for resources in nodes[1:]:
+                cluster.add_node(**args, resources=dict(resources))
+            return cluster
+        except Exception as exc:
+            cluster.shutdown()
+            if attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+    raise AssertionError("unreachable")
+
+
 @contextlib.contextmanager
 def local_ray_cluster(
     nodes: Sequence[Mapping[str, float]] = ({"node_a": 100}, {"node_b": 100}),
@@ -71,12 +108,7 @@ def local_ray_cluster(
     from ray._private import ray_constants
     from ray.cluster_utils import Cluster
 
-    args: dict[str, Any] = {
-        "node_ip_address": LOOPBACK,
-        "include_dashboard": False,
-        "num_cpus": num_cpus,
-        "object_store_memory": object_store_mb * 1024 * 1024,
-    }
+    args = _node_args(num_cpus, object_store_mb)
     with (
         tempfile.TemporaryDirectory(prefix="trio_swe-ray-home-") as home,
         _environ(RAY_LOOPBACK_ENV),
@@ -84,15 +116,7 @@ def local_ray_cluster(
         with open(os.path.join(home, "ray_bootstrap_config.yaml"), "w") as f:
             f.write("{}\n")
         with _environ({"HOME": home}):  # only the cluster's processes get this HOME
-            cluster = Cluster(
-                initialize_head=True, head_node_args={**args, "resources": dict(nodes[0])}
-            )
-            try:
-                for resources in nodes[1:]:
-                    cluster.add_node(**args, resources=dict(resources))
-            except BaseException:
-                cluster.shutdown()  # type: ignore[no-untyped-call]
-                raise
+            cluster = _start(Cluster, args, nodes)
         # Read from the environment when ray is first imported, which may have been earlier.
         saved = ray_constants.ENABLE_RAY_CLUSTER
         ray_constants.ENABLE_RAY_CLUSTER = False
@@ -104,4 +128,4 @@ def local_ray_cluster(
                 ray.shutdown()
         finally:
             ray_constants.ENABLE_RAY_CLUSTER = saved
-            cluster.shutdown()  # type: ignore[no-untyped-call]
+            cluster.shutdown()
