@@ -181,7 +181,7 @@ async def test_a_lost_node_costs_its_episodes_time_only(ray_cluster: Any, tmp_pa
 
     demo, all_mds, _ = build_demo(tmp_path)
     mds = [md for md in all_mds if md.instance_id not in demo.timeouts]
-    node = await trio.to_thread.run_sync(add_loopback_node, ray_cluster, {"node_c": 100})
+    node = add_loopback_node(ray_cluster, {"node_c": 100})  # Ray sets signals: main thread
     gone: set[int] = set()
     results: list[EpisodeResult] = []
     async with (
