@@ -46,10 +46,11 @@ def local_backend() -> LocalBackend:
 # The backend-agnostic suites on docker in the default run: a few that cover each part of the
 # contract (exit codes, kills, users, env). Every test runs under `nox -s docker`
 # (TRIO_SWE_DOCKER_FULL=1): a container costs 0.5-1 s where a local sandbox costs 20 ms.
+# test_budget_overrun_kills_every_process is left to nox: its 1 s slack for the kill RPCs was
+# overrun on docker (3.2 s) when the 2-core machine ran eight sessions' tests at once.
 DOCKER_DEFAULT_RUN = frozenset(
     {
         "test_exit_codes_and_signals_come_back_exactly",
-        "test_budget_overrun_kills_every_process",
         "test_outside_cancellation_kills_then_reraises",
         "test_unprivileged_user",
         "test_command_file_is_private_to_its_user",
