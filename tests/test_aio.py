@@ -77,11 +77,11 @@ def test_cancellation_from_the_trio_side_reaches_the_awaiter() -> None:
 
         task = asyncio.ensure_future(aio.run(forever))
         await started
-        assert aio.statistics()["active"] == 1
+        assert aio.statistics().active == 1
         await aio.shutdown()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert aio.statistics()["running"] == 0
+        assert aio.statistics().running == 0
         # A fresh guest run starts on the next call.
         assert await aio.run(trio.sleep, 0) is None
 

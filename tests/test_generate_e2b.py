@@ -19,6 +19,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
+import msgspec
 import pytest
 import trio
 
@@ -127,7 +128,7 @@ def test_generate_on_e2b_across_guest_runs(
                 generate(args, _sample(demo, "demo__calc-1"), params),
                 generate(args, _sample(demo, "demo__leap-1"), params),
             )
-            after_first = dict(aio.statistics())
+            after_first = msgspec.structs.asdict(aio.statistics())
             after_first["connections"] = client_connections_to(servers.envd.api_url)
             live_between = servers.live_sandboxes()
             # ... which ended with them; the next call runs in a fresh trio run.
@@ -212,7 +213,7 @@ def test_cancelled_generate_leaves_no_sandbox_on_the_server(
             task = asyncio.ensure_future(generate(args, _sample(demo, "demo__calc-1", HANG), {}))
             # The agent's sandbox is up and its first policy call is pending: cancel now.
             await _wait_for(
-                lambda: servers.call(lambda: servers.policy.statistics()["active"]) > 0,
+                lambda: servers.call(lambda: servers.policy.statistics().active) > 0,
                 "the first policy call",
             )
             running = servers.live_sandboxes()

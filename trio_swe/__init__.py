@@ -44,7 +44,7 @@ from .grading import (
 )
 from .integrations.slime import generate
 from .results import ResultsWriter, read_results
-from .rollout import run_rollouts
+from .rollout import open_rollouts, run_rollouts
 from .sandbox import (
     EXIT_TIME_BUDGET_EXCEEDED,
     Backend,
@@ -128,6 +128,7 @@ __all__ = [
     "exec_and_wait",
     "generate",
     "get_metadata",
+    "open_rollouts",
     "open_sandbox",
     "read_results",
     "read_samples",

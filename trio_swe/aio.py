@@ -30,25 +30,23 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Coroutine
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
+import msgspec
 import trio
 
-from .agents import Agent
-from .config import SweConfig
-from .episode import EpisodeResult
 from .episode import run_episode as _run_episode
-from .grading import InstanceMetadata
 from .rollout import run_rollouts as _run_rollouts
-from .sandbox import Backend
 
 if TYPE_CHECKING:
     import outcome
 
-__all__ = ["run", "run_episode", "run_rollouts", "shutdown", "statistics"]
+__all__ = ["GuestStatistics", "run", "run_episode", "run_rollouts", "shutdown", "statistics"]
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 class _Call:
@@ -222,71 +220,65 @@ async def _wait_uncancellably(fut: asyncio.Future[Any]) -> bool:
     return swallowed
 
 
-async def run_episode(
-    md: InstanceMetadata,
-    agent: Agent,
-    *,
-    backend: Backend,
-    config: SweConfig | None = None,
-    **kwargs: Any,
-) -> EpisodeResult:
-    """:func:`trio_swe.run_episode`, awaited from asyncio (same arguments)."""
-    fn = functools.partial(_run_episode, md, agent, backend=backend, config=config, **kwargs)
-    return await run(fn)
+def _awaited_from_asyncio(fn: Callable[P, Awaitable[T]]) -> Callable[P, Coroutine[Any, Any, T]]:
+    """``fn``'s signature, awaited from asyncio: the call runs in this loop's trio guest run."""
+
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> T:
+        return await run(functools.partial(fn, *args, **kwargs))
+
+    wrapper.__doc__ = f":func:`trio_swe.{fn.__name__}`, awaited from asyncio (same arguments)."
+    return wrapper
 
 
-async def run_rollouts(
-    instances: Iterable[InstanceMetadata],
-    agent: Agent,
-    *,
-    backend: Backend,
-    config: SweConfig | None = None,
-    concurrency: int = 4,
-    sampling_params: Mapping[str, Any] | None = None,
-    **kwargs: Any,
-) -> AsyncGenerator[EpisodeResult, None]:
-    """:func:`trio_swe.run_rollouts` as an asyncio async generator of results.
+def _streamed_to_asyncio(
+    fn: Callable[P, AbstractAsyncContextManager[AsyncIterable[T]]],
+) -> Callable[P, AsyncGenerator[T, None]]:
+    """``fn`` (an async context manager yielding a stream) as an asyncio async generator."""
 
-    Closing the generator early (``break`` out of ``async for``, or cancelling the consumer)
-    cancels the episodes still running.
-    """
-    queue: asyncio.Queue[tuple[bool, EpisodeResult | None]] = asyncio.Queue()
+    @functools.wraps(fn)
+    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[T, None]:
+        queue: asyncio.Queue[tuple[bool, T | None]] = asyncio.Queue()
 
-    async def pump() -> None:
-        async with _run_rollouts(
-            instances,
-            agent,
-            backend=backend,
-            config=config,
-            concurrency=concurrency,
-            sampling_params=sampling_params,
-            **kwargs,
-        ) as results:
-            async for result in results:
-                queue.put_nowait((True, result))
-        queue.put_nowait((False, None))
+        async def pump() -> None:
+            async with fn(*args, **kwargs) as results:
+                async for result in results:
+                    queue.put_nowait((True, result))
+            queue.put_nowait((False, None))
 
-    task = asyncio.ensure_future(run(pump))
-    try:
-        while True:
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                task.result()  # the pump failed: raise its error
-                return
-            more, result = getter.result()
-            if not more:
-                return
-            assert result is not None
-            yield result
-    finally:
-        if not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
+        task = asyncio.ensure_future(run(pump))
+        try:
+            while True:
+                getter = asyncio.ensure_future(queue.get())
+                await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    task.result()  # the pump failed: raise its error
+                    return
+                more, result = getter.result()
+                if not more:
+                    return
+                yield result  # type: ignore[misc]  # `more` says it is a T
+        finally:
+            if not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    pass
+
+    wrapper.__doc__ = (
+        f":func:`trio_swe.{fn.__name__}` as an asyncio async generator of results (same "
+        "arguments).\n\nClosing the generator early (``break`` out of ``async for``, or "
+        "cancelling the consumer) cancels the episodes still running."
+    )
+    return wrapper
+
+
+#: :func:`trio_swe.run_episode`, awaited from asyncio (same arguments, same types).
+run_episode = _awaited_from_asyncio(_run_episode)
+#: :func:`trio_swe.run_rollouts` as an asyncio async generator of results (same arguments).
+run_rollouts = _streamed_to_asyncio(_run_rollouts)
 
 
 async def shutdown() -> None:
@@ -302,13 +294,27 @@ async def shutdown() -> None:
     await asyncio.wait([guest.finished])
 
 
-def statistics() -> Mapping[str, int]:
-    """About this loop's guest run: ``running`` (0/1), ``active`` calls, ``calls`` started."""
+class GuestStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """About the running asyncio loop's trio guest run (:func:`statistics`).
+
+    Attributes:
+        running: 1 while the guest run exists, else 0.
+        active: calls running in it now.
+        calls: calls started in it since it began.
+    """
+
+    running: int = 0
+    active: int = 0
+    calls: int = 0
+
+
+def statistics() -> GuestStatistics:
+    """About this loop's guest run (all zero outside a loop or without one)."""
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
-        return {"running": 0, "active": 0, "calls": 0}
+        return GuestStatistics()
     guest = _GUESTS.get(loop)
     if guest is None:
-        return {"running": 0, "active": 0, "calls": 0}
-    return {"running": 1, "active": guest.active, "calls": guest.started_calls}
+        return GuestStatistics()
+    return GuestStatistics(running=1, active=guest.active, calls=guest.started_calls)

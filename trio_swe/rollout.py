@@ -1,6 +1,6 @@
-"""Many episodes: ``run_rollouts`` streams results as they finish.
+"""Many episodes: ``open_rollouts`` (also ``run_rollouts``) streams results as they finish.
 
-``run_rollouts`` runs episodes with a concurrency limit inside its own nursery and hands each
+``open_rollouts`` runs episodes with a concurrency limit inside its own nursery and hands each
 :class:`~trio_swe.EpisodeResult` out the moment it is ready. Leaving the block early cancels the
 episodes still running (their sandboxes are killed on the way out).
 
@@ -25,11 +25,11 @@ from .episode import EpisodeResult, boot_limiter, run_episode
 from .grading import InstanceMetadata
 from .sandbox import Backend
 
-__all__ = ["run_rollouts"]
+__all__ = ["open_rollouts", "run_rollouts"]
 
 
 @asynccontextmanager
-async def run_rollouts(
+async def open_rollouts(
     instances: Iterable[InstanceMetadata],
     agent: Agent,
     *,
@@ -47,7 +47,7 @@ async def run_rollouts(
     Use it as an async context manager whose value is an async iterator of results, in the
     order they finish::
 
-        async with run_rollouts(mds, agent, backend=LocalBackend(), concurrency=8) as results:
+        async with open_rollouts(mds, agent, backend=LocalBackend(), concurrency=8) as results:
             async for result in results:
                 print(result.instance_id, result.status, result.reward)
 
@@ -111,3 +111,7 @@ async def run_rollouts(
             yield receive
         # The consumer is done (exhausted the results, or left early): stop what still runs.
         nursery.cancel_scope.cancel()
+
+
+#: The same as :func:`open_rollouts` (its first name; trio names resource openers ``open_*``).
+run_rollouts = open_rollouts

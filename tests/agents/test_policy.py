@@ -44,7 +44,7 @@ async def test_generate_returns_scripted_ids_and_aligned_logprobs() -> None:
         out3 = await policy.generate(TOK.encode(PROMPT), {"max_new_tokens": 3})
         assert TOK.decode(out3.output_ids) == "fir"
         assert out3.finish_reason == "length"
-        assert policy.statistics()["requests"] == 3
+        assert policy.statistics().requests == 3
 
 
 async def test_cancelled_generation_is_aborted_on_the_server() -> None:
@@ -58,10 +58,10 @@ async def test_cancelled_generation_is_aborted_on_the_server() -> None:
             await policy.generate(TOK.encode(PROMPT), {})
         assert scope.cancelled_caught
         assert len(server.aborted_rids) == 1
-        assert policy.statistics()["aborts"] == 1
+        assert policy.statistics().aborts == 1
         # The server's pending generation was cancelled by the abort, not left sleeping.
         await trio.testing.wait_all_tasks_blocked()
-        assert server.statistics()["active"] == 0
+        assert server.statistics().active == 0
 
 
 async def test_http_errors_become_policy_error() -> None:

@@ -56,4 +56,4 @@ async def test_claude_code_demo_episode_is_token_exact(tmp_path: Path) -> None:
     # The tools the template saw are Claude Code's four (--tools Bash,Read,Edit,Write).
     names = sorted(t["function"]["name"] for t in session.tools()[0])
     assert names == ["Bash", "Edit", "Read", "Write"]
-    assert server.statistics()["generations"] == 4
+    assert server.statistics().generations == 4

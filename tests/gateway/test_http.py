@@ -340,7 +340,7 @@ async def test_bad_input_is_an_error_in_each_apis_shape_and_records_nothing() ->
         session.finish()
         r = await client.post("/v1/chat/completions", json=ok, headers=key)
         assert r.status_code == 401
-        assert server.statistics()["generations"] == 0
+        assert server.statistics().generations == 0
         for s in (session, bystander):
             assert s.statistics().turns == 0
             assert s.turns() == []
@@ -362,7 +362,7 @@ async def test_context_overflow_is_the_apis_error_and_a_truncated_sample() -> No
         )
         assert r.status_code == 400
         assert r.json()["error"]["code"] == "context_length_exceeded"
-        assert server.statistics()["generations"] == 1
+        assert server.statistics().generations == 1
         assert session.statistics().overflows == 1
         # Anthropic's own wording on the same session (Claude Code stops on it).
         r = await client.post(
@@ -448,11 +448,11 @@ async def test_client_disconnect_aborts_the_generation() -> None:
                 # Everything in this process (client, gateway, policy server) is idle once the
                 # generation is pending.
                 await trio.testing.wait_all_tasks_blocked()
-                assert server.statistics()["active"] == 1
+                assert server.statistics().active == 1
                 nursery.cancel_scope.cancel()  # the client goes away mid-generation
             await trio.testing.wait_all_tasks_blocked()
         assert not scope.cancelled_caught
-        assert server.statistics()["aborts"] == 1
+        assert server.statistics().aborts == 1
         assert session.statistics().turns == 0
         assert session.statistics().failed == 1
 
@@ -480,7 +480,7 @@ async def test_hundred_concurrent_sessions() -> None:
             (turn,) = s.session.turns(side=True)  # no tools: a side chain
             assert turn.output_ids_list() == sampled_ids(f"Answer {i}.")
         assert gw.statistics().sessions_open == 100
-        assert server.statistics()["generations"] == 100
+        assert server.statistics().generations == 100
 
 
 @pytest.mark.parametrize("api", ["chat", "anthropic"])

@@ -80,7 +80,7 @@ async def test_huge_problem_statement_never_reaches_the_policy(tmp_path: Path) -
         capped = demo_config(max_context_tokens=600)
         small = msgspec.structs.replace(calc, problem_statement="y" * 700)
         result2 = await run_episode(small, agent, backend=backend, config=capped, network=False)
-        assert server.statistics()["generations"] == 0
+        assert server.statistics().generations == 0
     assert result.status == "aborted"
     assert result.abort_reason == "prompt_too_long"
     assert "not tokenized" in (result.error or "")

@@ -85,14 +85,14 @@ def test_generate_on_qwen3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
             generate(args, sample_of(rows["demo__words-1"]), params, evaluation=True),
             generate(args, sample_of(oov), params),
         )
-        before = server.statistics()["generations"]
+        before = server.statistics().generations
         bad = await asyncio.gather(
             generate(args, sample_of(huge), params),
             generate(args, sample_of(ungradable), params),
             generate(args, sample_of(no_image), params),
             generate(args, sample_of(bad_workdir), params),
         )
-        after = server.statistics()["generations"]
+        after = server.statistics().generations
         seen.extend(server.sampling_params_seen)
         serving.cancel()
         try:

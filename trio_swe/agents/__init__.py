@@ -16,7 +16,7 @@ from .._errors import PromptTooLongError
 from . import _cli as _cli  # registers the CLI agents
 from ._bash_agent import BashAgent, parse_command, render_first_prompt
 from ._harness import AgentInstallError, NpmCliAgent, install_npm_cli, run_agent
-from ._policy import Policy, PolicyError, PolicyOutput, SGLangPolicy
+from ._policy import Policy, PolicyError, PolicyOutput, PolicyStatistics, SGLangPolicy
 from ._registry import AgentFactory, available_agents, create_agent, register_agent
 from ._tokenizer import ByteTokenizer, Tokenizer
 from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent
@@ -35,6 +35,7 @@ __all__ = [
     "Policy",
     "PolicyError",
     "PolicyOutput",
+    "PolicyStatistics",
     "PromptTooLongError",
     "SGLangPolicy",
     "Tokenizer",

@@ -13,7 +13,23 @@ import trio
 
 from .._errors import PolicyError
 
-__all__ = ["Policy", "PolicyError", "PolicyOutput", "SGLangPolicy"]
+__all__ = ["Policy", "PolicyError", "PolicyOutput", "PolicyStatistics", "SGLangPolicy"]
+
+
+class PolicyStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of an :class:`SGLangPolicy` (:meth:`SGLangPolicy.statistics`).
+
+    Attributes:
+        requests: ``/generate`` requests sent.
+        aborts: ``/abort_request`` calls sent (a cancelled or failed generation).
+        errors: requests that failed (transport, HTTP status, malformed reply).
+        output_tokens: tokens received.
+    """
+
+    requests: int = 0
+    aborts: int = 0
+    errors: int = 0
+    output_tokens: int = 0
 
 
 class PolicyOutput(msgspec.Struct, frozen=True, kw_only=True):
@@ -128,9 +144,9 @@ class SGLangPolicy(trio.abc.AsyncResource):
         if self._own_client:
             await self._client.aclose()
 
-    def statistics(self) -> Mapping[str, int]:
+    def statistics(self) -> PolicyStatistics:
         """Requests sent, aborts sent, errors and output tokens received."""
-        return dict(self._stats)
+        return PolicyStatistics(**self._stats)
 
     async def generate(
         self,

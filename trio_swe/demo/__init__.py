@@ -27,6 +27,7 @@ from ._instances import DEMO_INSTANCES, DemoInstance
 from ._policy_server import (
     ScriptedCompletion,
     ScriptedPolicyServer,
+    ScriptedServerStatistics,
     open_scripted_policy_server,
     scripted_logprob,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "DemoSet",
     "ScriptedCompletion",
     "ScriptedPolicyServer",
+    "ScriptedServerStatistics",
     "build_demo_set",
     "open_scripted_policy_server",
     "scripted_logprob",

@@ -41,6 +41,7 @@ from ..models import ChatModel, ParsedOutput, ToolCall
 __all__ = [
     "ScriptedCompletion",
     "ScriptedPolicyServer",
+    "ScriptedServerStatistics",
     "open_scripted_policy_server",
     "scripted_logprob",
 ]
@@ -64,6 +65,24 @@ def scripted_logprob(token_id: int, position: int) -> float:
     a sample is aligned with its own token.
     """
     return -(((token_id * 31 + position * 7) % 97) + 1) / 100.0
+
+
+class ScriptedServerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of a :class:`ScriptedPolicyServer` (:meth:`ScriptedPolicyServer.statistics`).
+
+    Attributes:
+        requests: HTTP requests served.
+        generations: ``/generate`` calls answered.
+        aborts: ``/abort_request`` calls.
+        active: generations in flight now.
+        errors: malformed requests.
+    """
+
+    requests: int = 0
+    generations: int = 0
+    aborts: int = 0
+    active: int = 0
+    errors: int = 0
 
 
 class ScriptedCompletion(msgspec.Struct, frozen=True):
@@ -135,9 +154,9 @@ class ScriptedPolicyServer:
         """Base URL, e.g. ``http://127.0.0.1:41234``."""
         return f"http://127.0.0.1:{self.port}"
 
-    def statistics(self) -> Mapping[str, int]:
+    def statistics(self) -> ScriptedServerStatistics:
         """Requests, generations, aborts, generations in flight, malformed requests."""
-        return dict(self._stats)
+        return ScriptedServerStatistics(**self._stats)
 
     def completion_for(self, prompt: str) -> ScriptedCompletion:
         """What the script answers to the decoded ``prompt`` (exposed for tests)."""
