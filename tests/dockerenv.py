@@ -399,6 +399,40 @@ def _stop(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def _pid_alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def sweep_stale_roots(parent: Path = Path("/tmp")) -> None:
+    """Remove the directories of earlier test runs that were killed before their teardown.
+
+    A root is stale when no worker that used it is alive, its dockerd (if any) is gone, and
+    nothing is mounted under it. Roots in use are never touched (their lock is held then).
+    """
+    mounts = Path("/proc/mounts").read_text()
+    for root in parent.glob("trio_swe-dk-*"):
+        try:
+            if time.time() - root.stat().st_mtime < 600:
+                continue  # young: a run may be setting it up, before its lock is taken
+        except OSError:
+            continue
+        users = [int(u.name.split("-")[1]) for u in root.glob("user-*") if u.name[5:].isdigit()]
+        if any(_pid_alive(p) for p in users) or f" {root}/" in mounts:
+            continue
+        try:
+            state = json.loads((root / "state.json").read_text())
+            if _pid_alive(int(state["dockerd_pid"])) or _pid_alive(int(state["registry_pid"])):
+                continue
+        except (OSError, ValueError, KeyError):
+            pass
+        try:
+            with open(root / "lock", "a") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                shutil.rmtree(root, ignore_errors=True)
+        except OSError:
+            continue  # locked: someone is starting it right now
+
+
 def _shared_root() -> Path:
     run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"p{os.getpid()}"
     return Path("/tmp") / f"trio_swe-dk-{run[:12]}"
@@ -419,6 +453,8 @@ def _locked(root: Path) -> Iterator[None]:
 def docker_env() -> Iterator[DockerEnv]:
     """The shared daemon, registry and images, for as long as this worker needs them."""
     root = _shared_root()
+    with contextlib.suppress(OSError):
+        sweep_stale_roots()
     me = root / f"user-{os.getpid()}"
     with _locked(root):
         state = root / "state.json"
@@ -462,6 +498,8 @@ def docker_env() -> Iterator[DockerEnv]:
                 shutil.rmtree(root / "reg", ignore_errors=True)
                 shutil.rmtree(root / "ctx", ignore_errors=True)
                 shutil.rmtree(root / "calc", ignore_errors=True)
+                shutil.rmtree(root / "oci-cache", ignore_errors=True)
+                (root / "calc.json").unlink(missing_ok=True)
 
 
 def session_env() -> Iterator[DockerEnv]:
