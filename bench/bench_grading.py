@@ -1,17 +1,29 @@
-"""Grading overhead on the local backend, beside the bare cost of the graded test command.
+"""Grading overhead on the local backend, beside running the row's tests alone, in one run.
 
-A grading = fresh sandbox + patch ladder + test run + parse + kill (``run_evaluation``). Its
-baseline is the very command the grader runs (the SWE-bench eval script; the f2p pytest run), run
-alone in an already booted and patched sandbox through ``exec_and_wait``, in the same run.
-Overhead = grading wall time - baseline; medians over ``BENCH_GRADING_N`` (default 20) gradings
-per protocol (baselines: N/2 runs). The test command on the host, outside any sandbox, is shown
-for reference.
+A grading = image check + fresh sandbox + patch ladder + the row's eval script + parse + kill
+(``run_evaluation``). Its baseline is the row's *test command alone* (e.g. ``pytest -rA
+tests/test_config.py``), run in an already booted sandbox where the test patch and the gold patch
+are applied, through ``exec_and_wait``. Ratio = grading / baseline; medians over
+``BENCH_GRADING_N`` (default 10) gradings per case, baselines as many runs.
+
+Cases:
+
+* ``swebench classic: pallets__flask-4992``: the real SWE-bench Lite row, graded by swebench
+  4.x's own eval script (classic row: built from repo + version) against Flask 2.2.5's source
+  (its sdist, with its tests; the row's test patch and gold patch apply to it). The row's
+  ``base_commit`` is replaced by the commit of that local reconstruction. Needs a one-time
+  ``python -m bench.prepare_grading`` (downloads the sdist and the test environment's packages
+  from PyPI into ``~/.cache/trio_swe/bench``); skipped, saying so, without it.
+* ``swebench classic (calc)``, ``swebench 5.x row (calc)``, ``scaleswe f2p_script (calc)``: the
+  tests' tiny calc repository (a sub-second suite: the ratio there is dominated by the fixed
+  cost of a grading, shown as the overhead column).
 
 Run: ``python -m bench grading`` (or ``nox -s bench -- grading``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -20,117 +32,200 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import trio
 
-from trio_swe.grading import InstanceMetadata, get_metadata, local_backend_shims, run_evaluation
-from trio_swe.grading._swebench_api import build_test_spec
+from trio_swe.grading import (
+    _swebench_api,
+    evaluability_check,
+    get_metadata,
+    local_backend_shims,
+    run_evaluation,
+)
 from trio_swe.sandbox import exec_and_wait, open_sandbox
 from trio_swe.sandbox.local import LocalBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from tests.grading._calc import F2P_SCRIPT, P2P, CalcRepo, build_calc_repo
+from bench.prepare_grading import FLASK_ROW, prepared_flask
+from tests.grading._calc import F2P_SCRIPT, P2P, build_calc_repo
 
-N = int(os.environ.get("BENCH_GRADING_N", "20"))
+N = int(os.environ.get("BENCH_GRADING_N", "10"))
+#: The eval scripts' own environment set-up (the shims' conda activate), for both sides.
+ACTIVATE = ". /opt/miniconda3/bin/activate && conda activate testbed"
 ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PY_COLORS": "0", "NO_COLOR": "1", "TERM": "dumb"}
+GIT_ENV = {
+    **os.environ,
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@localhost",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@localhost",
+}
 
 
-def _host_runs(calc: CalcRepo, workdir: Path, n: int) -> list[float]:
-    """pytest on a patched host checkout, no sandbox at all."""
-    subprocess.run(["git", "clone", "-q", str(calc.path), str(workdir)], check=True)
-    subprocess.run(["git", "-C", str(workdir), "checkout", "-q", calc.base], check=True)
-    for patch in (calc.test_patch, calc.gold):
-        subprocess.run(["git", "-C", str(workdir), "apply", "-"], input=patch.encode(), check=True)
-    cmd = [sys.executable, "-m", "pytest", "-rA", "-p", "no:cacheprovider", "tests/test_calc.py"]
-    times = []
-    for i in range(n + 1):
-        t = time.perf_counter()
-        subprocess.run(cmd, cwd=workdir, env={**os.environ, **ENV}, capture_output=True, check=True)
-        if i:  # the first run warms the page cache
-            times.append(time.perf_counter() - t)
-    return times
+@dataclass
+class Case:
+    name: str
+    row: dict[str, Any]
+    protocol: str
+    backend: LocalBackend
+    image: str
+    patches: tuple[str, ...]  # applied before the baseline's test command (test patch, gold)
+    gold: str
+    tests_alone: str  # the row's test command
 
 
-async def _baseline_runs(
-    backend: LocalBackend, calc: CalcRepo, md: InstanceMetadata, n: int
-) -> list[float]:
-    """The grader's own test command, alone, in one booted sandbox with the gold patch."""
-    async with open_sandbox(backend, calc.image) as sb:
-        await sb.write_file("/tmp/gold.diff", calc.gold)
-        assert (await sb.exec("git apply /tmp/gold.diff")).ok
-        if md.protocol == "swebench":
-            await sb.write_file("/tmp/eval.sh", build_test_spec(md).eval_script)
-            cmd = "bash /tmp/eval.sh > /tmp/eval.log 2>&1"
-        else:
+def _backend(python_bin: str | None = None) -> LocalBackend:
+    kw = local_backend_shims(python_bin)
+    return LocalBackend(
+        ro_binds=kw["ro_binds"], extra_path=kw["extra_path"], env={**kw["env"], **ENV}
+    )
+
+
+async def _tests_alone(case: Case, n: int) -> list[float]:
+    """The row's test command alone, in one booted sandbox with its patches applied."""
+    async with open_sandbox(case.backend, case.image) as sb:
+        for i, patch in enumerate(case.patches):
+            await sb.write_file(f"/tmp/p{i}.diff", patch)
+            r = await sb.exec(f"git apply /tmp/p{i}.diff")
+            assert r.ok, r.output
+        if case.protocol == "scaleswe":
             await sb.write_file("/testbed/test_fail_to_pass.py", F2P_SCRIPT)
-            ids = " ".join(shlex.quote(t) for t in ("test_fail_to_pass.py", *P2P))
-            cmd = f"python -m pytest -rA -p no:cacheprovider {ids} > /tmp/f2p.log 2>&1"
         times: list[float] = []
         for i in range(n + 1):
             t = time.perf_counter()
-            r = await exec_and_wait(sb, cmd, time_budget_sec=120, user="root", env=ENV)
+            r = await exec_and_wait(
+                sb, f"{case.tests_alone} > /tmp/t.log 2>&1", time_budget_sec=600, env=ENV
+            )
             if i:  # the first run is a warm-up
                 times.append(time.perf_counter() - t)
-            assert r.ok, r.output
+            assert r.ok, (await sb.exec("tail -30 /tmp/t.log")).output
         return times
 
 
-async def _gradings(
-    backend: LocalBackend, calc: CalcRepo, md: InstanceMetadata
-) -> list[tuple[float, dict[str, float]]]:
+async def _gradings(case: Case, n: int) -> list[tuple[float, dict[str, float]]]:
+    md = get_metadata(case.row, case.protocol)
     # Warm-up, untimed: the first swebench grading imports swebench (about a second).
-    await run_evaluation(backend, md, calc.gold, timeout_sec=120)
+    await run_evaluation(case.backend, md, case.gold, timeout_sec=600)
     out: list[tuple[float, dict[str, float]]] = []
-    for _ in range(N):
+    for _ in range(n):
         t = time.perf_counter()
-        r = await run_evaluation(backend, md, calc.gold, timeout_sec=120)
+        assert (
+            evaluability_check(md, case.backend) is None
+        )  # image + commit checked, as episodes do
+        r = await run_evaluation(case.backend, md, case.gold, timeout_sec=600)
         wall = time.perf_counter() - t
-        assert r.resolved, (r.reason, r.detail, r.log_tail[-500:])
+        assert r.resolved, (r.reason, r.detail, r.log_tail[-800:])
         out.append((wall, dict(r.durations)))
     return out
+
+
+def _flask_case(tmp: Path) -> Case | None:
+    prepared = prepared_flask()
+    if prepared is None:
+        print("flask-4992: not prepared (run `python -m bench.prepare_grading` once); skipped")
+        return None
+    src, env_bin = prepared
+    repo = tmp / "flask"
+    shutil.copytree(src, repo)
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "Flask 2.2.5 sdist"]):
+        subprocess.run(["git", "-C", str(repo), *args], check=True, env=GIT_ENV)
+    base = subprocess.run(
+        ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
+    ).stdout.strip()
+    row = json.loads(FLASK_ROW.read_text())
+    row.update(base_commit=base, image=f"{repo}@{base}")
+    return Case(
+        name="swebench classic: pallets__flask-4992",
+        row=row,
+        protocol="swebench",
+        backend=_backend(env_bin),
+        image=row["image"],
+        patches=(row["test_patch"], row["patch"]),
+        gold=row["patch"],
+        tests_alone=f"{ACTIVATE} && pytest -rA tests/test_config.py",
+    )
 
 
 def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_grading_"))
     try:
         calc = build_calc_repo(tmp / "src")
-        kw = local_backend_shims()
-        backend = LocalBackend(
-            ro_binds=kw["ro_binds"], extra_path=kw["extra_path"], env={**kw["env"], **ENV}
+        calc_backend = _backend()
+        calc_tests = f"{ACTIVATE} && pytest -rA tests/test_calc.py"
+        cases: list[Case] = []
+        if (flask := _flask_case(tmp)) is not None:
+            cases.append(flask)
+        api = _swebench_api.get_api()
+        if api is not None and api.major < 5:
+            cases.append(
+                Case(
+                    "swebench classic (calc)",
+                    calc.swebench_classic_row(),
+                    "swebench",
+                    calc_backend,
+                    calc.image,
+                    (calc.test_patch, calc.gold),
+                    calc.gold,
+                    calc_tests,
+                )
+            )
+        cases.append(
+            Case(
+                "swebench 5.x row (calc)",
+                calc.swebench_v5_row(),
+                "swebench",
+                calc_backend,
+                calc.image,
+                (calc.test_patch, calc.gold),
+                calc.gold,
+                calc_tests,
+            )
         )
-        half = max(N // 2, 1)
-        host = statistics.median(_host_runs(calc, tmp / "host", half))
-        cases: dict[str, tuple[dict[str, Any], str]] = {
-            "swebench (5.x row, eval script)": (calc.swebench_v5_row(), "swebench"),
-            "scaleswe (f2p_script + P2P)": (calc.scaleswe_f2p_row(), "scaleswe"),
-        }
-        print(f"N = {N} gradings per protocol, baselines N/2 runs; medians; {os.cpu_count()} CPUs")
-        print(f"load average at start: {os.getloadavg()[0]:.1f}")
-        print(f"pytest on the host, no sandbox: {host:.3f} s")
+        ids = " ".join(shlex.quote(t) for t in ("test_fail_to_pass.py", *P2P))
+        cases.append(
+            Case(
+                "scaleswe f2p_script (calc)",
+                calc.scaleswe_f2p_row(),
+                "scaleswe",
+                calc_backend,
+                calc.image,
+                (calc.test_patch, calc.gold),
+                calc.gold,
+                f"python -m pytest -rA -p no:cacheprovider {ids}",
+            )
+        )
+        version = api.version if api is not None else "none"
         print(
-            f"{'protocol':34} {'grading s':>10} {'baseline s':>11} {'overhead s':>11} "
+            f"N = {N} gradings and test runs per case; medians; {os.cpu_count()} CPUs; "
+            f"swebench {version}"
+        )
+        print(f"load average at start: {os.getloadavg()[0]:.1f}")
+        print(
+            f"{'case':40} {'grading s':>10} {'tests alone s':>14} {'overhead s':>11} "
             f"{'ratio':>6}   grading phases (median s)"
         )
-        for name, (row, protocol) in cases.items():
-            md = get_metadata(row, protocol)
-            base = statistics.median(trio.run(_baseline_runs, backend, calc, md, half))
-            runs = trio.run(_gradings, backend, calc, md)
+        for case in cases:
+            alone = statistics.median(trio.run(_tests_alone, case, N))
+            runs = trio.run(_gradings, case, N)
             wall = statistics.median(w for w, _ in runs)
             phases = {
                 k: statistics.median(d.get(k, 0.0) for _, d in runs)
-                for k in ("boot", "setup", "apply", "tests", "parse")
+                for k in ("spec", "boot", "setup", "apply", "tests", "parse")
                 if any(k in d for _, d in runs)
             }
             shown = " ".join(f"{k}={v:.3f}" for k, v in phases.items())
             print(
-                f"{name:34} {wall:10.3f} {base:11.3f} {wall - base:11.3f} {wall / base:6.2f}   "
-                f"{shown}"
+                f"{case.name:40} {wall:10.3f} {alone:14.3f} {wall - alone:11.3f} "
+                f"{wall / alone:6.2f}   {shown}",
+                flush=True,
             )
         print(
-            "baseline = the grader's test command alone in a warm sandbox (exec_and_wait); "
-            "overhead = grading - baseline = boot + setup + ladder + parse + kill + file I/O"
+            "tests alone = the row's test command in a warm sandbox with its patches applied; "
+            "grading = evaluability_check(md, backend) + run_evaluation (boot, ladder, the eval "
+            "script with its git steps, parse, kill)"
         )
         print(f"load average at end: {os.getloadavg()[0]:.1f}")
     finally:
