@@ -8,6 +8,10 @@ instances already finished (aborted ones are retried).
 ``trio-swe results FILE`` shows a results file (a summary table) or exports it as JSON Lines or
 as SWE-bench's ``predictions.jsonl``.
 
+``trio-swe grade PREDICTIONS --dataset ROWS`` grades existing predictions as SWE-bench's harness
+does and writes its outputs (``--run-id``, ``--out-dir``); ``run --harness-dir DIR`` writes the
+same outputs for a run (see ``docs/grading.md``).
+
 ``trio-swe demo`` builds the demo repositories, starts the scripted policy server on loopback and
 runs the demo episodes with the bash agent on the local backend, without network.
 """
