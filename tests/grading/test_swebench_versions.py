@@ -124,7 +124,7 @@ def test_cli_run_fails_at_start_up_naming_the_fix(tmp_path: Path) -> None:
         [sys.executable, "-m", "trio_swe.cli", "run", str(dataset), "--protocol", "swebench"],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # a loaded machine: importing swebench and trio_swe can take long
         env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
         cwd=tmp_path,
         check=False,
