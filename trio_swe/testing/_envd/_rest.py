@@ -94,16 +94,35 @@ class RestRoutes(AppBase):
             return
         ttl = float(new.timeout) if new.timeout is not None else self.default_ttl_sec
         key = req.headers.get("idempotency-key")
-        if key is not None:
-            # A retried create with the same key gets the same sandbox, as on E2B.
-            async with self._create_lock(key):
-                known = self.registry.get(self._idempotent.get(key, ""))
-                if known is not None:
-                    await req.respond_json(201, self._info(known))
-                    return
-                await self._create(req, new, image, ttl, key)
+        try:
+            if key is None:
+                entry = await self._create(new, image, ttl)
+            else:
+                entry = await self._create_once(key, new, image, ttl)
+        except (SandboxError, InvalidArgumentError, OSError) as exc:
+            await req.respond_json(500, {"code": 500, "message": f"cannot create sandbox: {exc}"})
             return
-        await self._create(req, new, image, ttl, None)
+        # The answer is sent with no lock held: a client that vanished may leave this send
+        # stuck in hypercorn's drain, and a retry with the same key must not wait behind it.
+        await req.respond_json(201, self._info(entry))
+
+    async def _create_once(
+        self, key: str, new: wire.NewSandbox, image: str, ttl: float
+    ) -> SandboxEntry:
+        """The sandbox of ``key``: the one an earlier create booted, or a new one.
+
+        The lock covers the boot and the bookkeeping only. The boot is shielded: once begun it
+        completes and is recorded under the key even if its client vanished, so the next create
+        with that key gets it (and a boot that fails records nothing: the next one boots anew).
+        """
+        async with self._create_lock(key):
+            known = self.registry.get(self._idempotent.get(key, ""))
+            if known is not None:
+                return known
+            with trio.CancelScope(shield=True):
+                entry = await self._create(new, image, ttl)
+                self._idempotent[key] = entry.id
+            return entry
 
     def _create_lock(self, key: str) -> trio.Lock:
         lock = self._create_locks.get(key)
@@ -111,20 +130,11 @@ class RestRoutes(AppBase):
             lock = self._create_locks[key] = trio.Lock()
         return lock
 
-    async def _create(
-        self, req: Request, new: wire.NewSandbox, image: str, ttl: float, key: str | None
-    ) -> None:
-        try:
-            entry = await self.registry.create(
-                template_id=new.template_id,
-                image=image,
-                ttl_sec=min(max(ttl, 0.0), MAX_TTL_SEC),
-                metadata=new.metadata or {},
-                env=new.env_vars or {},
-            )
-        except (SandboxError, InvalidArgumentError, OSError) as exc:
-            await req.respond_json(500, {"code": 500, "message": f"cannot create sandbox: {exc}"})
-            return
-        if key is not None:
-            self._idempotent[key] = entry.id
-        await req.respond_json(201, self._info(entry))
+    async def _create(self, new: wire.NewSandbox, image: str, ttl: float) -> SandboxEntry:
+        return await self.registry.create(
+            template_id=new.template_id,
+            image=image,
+            ttl_sec=min(max(ttl, 0.0), MAX_TTL_SEC),
+            metadata=new.metadata or {},
+            env=new.env_vars or {},
+        )

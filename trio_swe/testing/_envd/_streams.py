@@ -285,6 +285,11 @@ class StreamRoutes(AppBase):
         await req.start(200, [("content-type", STREAM_JSON)])
         await emit(wire.ProcessEvent(start=wire.StartEvent(pid=record.pid)))
         graceful = fault.kind == "goaway" and fault.code == 0
+        # A hung stream ends normally on the server side (the proxy swallows what follows):
+        # the client never resets it (httpcore sends no RST_STREAM), so a handler that slept
+        # forever would hold one of hypercorn's streams of that connection for good, and after
+        # enough hangs the whole connection stopped answering.
+        finish = graceful or fault.kind == "hang"
         while not trigger.is_set():
             event: wire.ProcessEvent | None = None
             with trio.move_on_after(keepalive_sec):
@@ -296,7 +301,7 @@ class StreamRoutes(AppBase):
                 await emit(wire.ProcessEvent(keepalive=wire.KeepAlive()))
             elif event.end is not None:
                 trigger.set()  # the fault takes the place of the end event
-                if graceful:
+                if finish:
                     await emit(event)
                     break
             else:
@@ -305,7 +310,7 @@ class StreamRoutes(AppBase):
             err = connect.ConnectError("unavailable", GONE_MESSAGE)
             await req.write(connect.encode_end_stream(err), more=False)
             return
-        if graceful:
+        if finish:
             await req.write(connect.encode_end_stream(), more=False)
             return
         await trio.sleep_forever()  # until the proxy's fault disconnects us
