@@ -20,7 +20,9 @@ shielded, time-bounded cancel scope) kills every process of the call and removes
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
 
 import trio
 
@@ -29,6 +31,7 @@ from .._errors import (
     InvalidArgumentError,
     SandboxError,
     SandboxNotRunningError,
+    SandboxUnreachableError,
 )
 from ._launcher import (
     DEFAULT_TAIL_BYTES,
@@ -61,6 +64,11 @@ INLINE_OUTPUT_BYTES = 64 * 1024
 _MALFORMED_RETRIES = 5
 #: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
 MAX_POLL_INTERVAL_SEC = 300.0
+#: Backoff between attempts of an RPC whose sandbox did not answer (full jitter, capped).
+_UNREACHABLE_BASE_SEC = 0.1
+_UNREACHABLE_CAP_SEC = 5.0
+
+T = TypeVar("T")
 
 
 async def exec_and_wait(
@@ -144,6 +152,7 @@ class _Call:
         self.touched = False  # an RPC that may have created files was sent
         self.kill_error: BaseException | None = None
         self.malformed_replies = 0
+        self.unreachable_retries = 0
 
     async def run(self, budget: float) -> ExecResult:
         kill_reply: Reply | None = None
@@ -165,7 +174,9 @@ class _Call:
         plan = self.plan
         self.touched = True
         # No ``mode``: on E2B that costs a chmod RPC; the spawn script makes the file 0600.
-        await self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user)
+        await self._persist(
+            lambda: self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user)
+        )
         reply = await self._run_script(spawn_script(plan), "spawn", SCRIPT_TIMEOUT_SEC)
         if reply.state in ("started", "replay"):
             return
@@ -309,8 +320,10 @@ class _Call:
         if self.want_output or force_full:
             # Our own regular file: read whole and unchecked (no Stat round trip on E2B), as
             # before read_file had a cap.
-            data = await self.sb.read_file(
-                self.plan.out_path, user=self.plan.user, max_bytes=None, special=True
+            data = await self._persist(
+                lambda: self.sb.read_file(
+                    self.plan.out_path, user=self.plan.user, max_bytes=None, special=True
+                )
             )
             return data.decode("utf-8", errors="replace"), False
         if status == 0:
@@ -343,51 +356,74 @@ class _Call:
         """Remove the call's directory; shielded, bounded, best-effort (the result is known)."""
         with trio.CancelScope(shield=True, deadline=trio.current_time() + KILL_TIMEOUT_SEC):
             try:
-                await self.sb.exec(
-                    cleanup_script(self.plan),
-                    user=self.plan.user,
-                    cwd="/",
-                    timeout=SCRIPT_TIMEOUT_SEC,
-                    idempotent=True,
+                await self._persist(
+                    lambda: self.sb.exec(
+                        cleanup_script(self.plan),
+                        user=self.plan.user,
+                        cwd="/",
+                        timeout=SCRIPT_TIMEOUT_SEC,
+                        idempotent=True,
+                    )
                 )
             except SandboxError:
                 pass  # a leftover directory in a broken sandbox must not hide a known result
+
+    async def _persist(self, rpc: Callable[[], Awaitable[T]]) -> T:
+        """Run a replay-safe RPC until it answers, however many attempts that takes.
+
+        Once anything may have been spawned, giving up on an unreachable sandbox would lose a
+        command that runs: so an RPC is asked again (with backoff) until it answers, the
+        sandbox is provably gone (:class:`SandboxNotRunningError`, raised), or the enclosing
+        budget or cancel scope ends the call. Only transport failures are retried.
+        """
+        retry = 0
+        while True:
+            try:
+                return await rpc()
+            except SandboxUnreachableError:
+                self.unreachable_retries += 1
+                ceiling = min(_UNREACHABLE_CAP_SEC, _UNREACHABLE_BASE_SEC * 2.0 ** min(retry, 30))
+                retry += 1
+                await trio.sleep(random.uniform(ceiling / 2, ceiling))
 
     async def _run_script(
         self, script: str, step: str, timeout: float, *, retry_timeout: bool = True
     ) -> Reply:
         """Run one of our (replay-safe) scripts and parse its reply.
 
-        A reply without a header or marked truncated (output lost by the transport) is asked
-        for again: every script is safe to run twice. A timed-out RPC raises :class:`_RpcTimeout` when
-        ``retry_timeout`` is False, else :class:`SandboxError`.
+        Transport failures are retried by :meth:`_persist`. A reply without a header or marked
+        truncated (output lost by the transport) is asked for again: every script is safe to
+        run twice. A timed-out RPC raises :class:`_RpcTimeout` when ``retry_timeout`` is False;
+        otherwise it is run again too (the budget bounds the call).
         """
-        for attempt in range(_MALFORMED_RETRIES + 1):
-            result = await self.sb.exec(
-                script, user=self.plan.user, cwd="/", timeout=timeout, idempotent=True
+        malformed = 0
+        while True:
+            result = await self._persist(
+                lambda: self.sb.exec(
+                    script, user=self.plan.user, cwd="/", timeout=timeout, idempotent=True
+                )
             )
             if result.reason == "timeout":
                 if not retry_timeout:
                     raise _RpcTimeout
-                raise SandboxError(
-                    f"detached {step} script of {self.plan.tag!r} timed out in sandbox {self.sb.id}"
-                )
+                continue  # the sandbox was too slow or the stream kept failing: ask again
             if result.exit_code != 0:
                 raise SandboxError(
                     f"detached {step} script of {self.plan.tag!r} failed in sandbox {self.sb.id} "
                     f"(exit {result.exit_code}): {result.output[-500:]!r}"
                 )
-            if result.output_truncated and attempt < _MALFORMED_RETRIES:
+            if result.output_truncated and malformed < _MALFORMED_RETRIES:
                 # Our replies are small: "truncated" means the transport lost part of it.
                 self.malformed_replies += 1
+                malformed += 1
                 continue
             try:
                 return parse_reply(result.output)
             except SandboxError:
-                if attempt == _MALFORMED_RETRIES:
+                if malformed >= _MALFORMED_RETRIES:
                     raise
                 self.malformed_replies += 1
-        raise AssertionError("unreachable")
+                malformed += 1
 
 
 class _RpcTimeout(Exception):

@@ -10,6 +10,7 @@ keep the socket busy).
 from __future__ import annotations
 
 import base64
+import math
 import random
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -241,12 +242,14 @@ class EnvdClient:
         user: str | None = None,
         timeout_ms: int | None = None,
         shield: bool = False,
+        not_after: float = math.inf,
     ) -> AsyncIterator[EventStream]:
         """Open one ``process.Process/<method>`` server stream (one attempt, no retry).
 
         ``shield``: sending the request and waiting for the response headers is not
         interrupted by cancellation (bounded by the idle timeout), so a caller that is
-        cancelled knows whether its ``Start`` reached envd.
+        cancelled knows whether its ``Start`` reached envd. ``not_after`` caps that wait: the
+        caller's own deadline is never overrun by a shielded wait.
 
         Failures raised inside the block carry our HTTP/2 stream id (for the GOAWAY rule) and
         retire the connection when the retry table says so.
@@ -275,7 +278,8 @@ class EnvdClient:
                 # Response headers come once envd started the process: give a loaded sandbox
                 # more time than a silent stream gets.
                 with trio.CancelScope(
-                    shield=shield, deadline=trio.current_time() + self.headers_timeout
+                    shield=shield,
+                    deadline=min(trio.current_time() + self.headers_timeout, not_after),
                 ):
                     sent = await client.send(request, stream=True)
                 if sent is None:
@@ -323,11 +327,17 @@ class EnvdClient:
         return resp.processes
 
     async def health(self) -> bool:
-        """``GET /health``: True when envd answers 204; False when the edge says it is gone."""
+        """``GET /health``: True when envd answers 204; False when the edge says it is gone.
+
+        Only the edge's "The sandbox was not found" (502) means gone: any other 502/503 (a
+        gateway hiccup) is not proof, and raises like any other failure.
+        """
         try:
             await self.request("GET", "/health", idempotent=True, ok=(200, 204))
         except _connect.ConnectError as exc:
-            if exc.http_status in (502, 404, 410):
+            if exc.http_status in (404, 410) or (
+                exc.http_status == 502 and "not found" in exc.message.lower()
+            ):
                 return False
             raise
         return True

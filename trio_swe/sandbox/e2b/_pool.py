@@ -12,16 +12,102 @@ one, and the old one is closed when its last stream ends.
 from __future__ import annotations
 
 import ssl
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import httpcore
 import httpx
 import trio
 
 #: Per-connection stream cap: below the E2B edge's SETTINGS_MAX_CONCURRENT_STREAMS of 100.
 DEFAULT_STREAMS_PER_CONNECTION = 64
 DEFAULT_MAX_CONNECTIONS = 32
+
+
+#: Bound on one socket write that must not be interrupted (see :class:`WholeWrites`).
+WRITE_BOUND_SEC = 30.0
+
+
+class _WholeWriteStream(httpcore.AsyncNetworkStream):
+    """A network stream whose writes, once begun, complete (or fail): never half-cancelled.
+
+    httpcore's HTTP/2 connection drains h2's whole outbound buffer, the frames of *every*
+    stream (other requests' HEADERS, WINDOW_UPDATEs), before writing it. A cancellation that
+    lands in that write (a watchdog or deadline of one request whose body read acknowledged
+    data) throws those frames away: other requests never reach the server, and the peer's
+    HPACK table no longer matches ours (the fault proxy saw ``InvalidTableIndex``; a real
+    server answers COMPRESSION_ERROR). A write is short unless the peer stops reading, so it
+    runs shielded, bounded by ``WRITE_BOUND_SEC`` (then the connection is failed for good).
+    """
+
+    def __init__(self, inner: httpcore.AsyncNetworkStream) -> None:
+        self._inner = inner
+
+    async def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        return await self._inner.read(max_bytes, timeout)
+
+    async def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        bound = WRITE_BOUND_SEC if timeout is None else min(timeout, WRITE_BOUND_SEC)
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + bound) as scope:
+            await self._inner.write(buffer, None)
+        if scope.cancelled_caught:
+            raise httpcore.WriteTimeout(f"a socket write did not complete in {bound:g} s")
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+    async def start_tls(
+        self,
+        ssl_context: ssl.SSLContext,
+        server_hostname: str | None = None,
+        timeout: float | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        return _WholeWriteStream(await self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str) -> Any:
+        return self._inner.get_extra_info(info)
+
+
+class WholeWrites(httpcore.AsyncNetworkBackend):
+    """httpcore network backend wrapper: every stream it opens is a :class:`_WholeWriteStream`."""
+
+    def __init__(self, inner: httpcore.AsyncNetworkBackend) -> None:
+        self._inner = inner
+
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_tcp(host, port, timeout, local_address, socket_options)
+        return _WholeWriteStream(stream)
+
+    async def connect_unix_socket(
+        self, path: str, timeout: float | None = None, socket_options: Iterable[Any] | None = None
+    ) -> httpcore.AsyncNetworkStream:
+        stream = await self._inner.connect_unix_socket(path, timeout, socket_options)
+        return _WholeWriteStream(stream)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def whole_write_transport(**kwargs: Any) -> httpx.AsyncHTTPTransport:
+    """An ``httpx.AsyncHTTPTransport`` whose connections use :class:`WholeWrites`.
+
+    httpx does not take a network backend, so the one of its httpcore pool is wrapped (the pool
+    opens connections lazily, with whatever backend it holds then).
+    """
+    transport = httpx.AsyncHTTPTransport(**kwargs)
+    pool = transport._pool
+    if not isinstance(getattr(pool, "_network_backend", None), httpcore.AsyncNetworkBackend):
+        raise RuntimeError("httpcore's connection pool layout changed: cannot wrap its backend")
+    pool._network_backend = WholeWrites(pool._network_backend)
+    return transport
 
 
 class _Conn:
@@ -96,12 +182,12 @@ class ConnectionPool:
             max_keepalive_connections=2 if self._http2 else self._per_conn,
             keepalive_expiry=300.0,
         )
+        transport = whole_write_transport(
+            verify=self._verify, http1=not self._h2c, http2=self._http2, limits=limits
+        )
         return httpx.AsyncClient(
             base_url=self.origin,
-            http1=not self._h2c,
-            http2=self._http2,
-            verify=self._verify,
-            limits=limits,
+            transport=transport,
             headers=self._headers,
             timeout=httpx.Timeout(self._connect_timeout * 3, connect=self._connect_timeout),
             trust_env=False,

@@ -137,6 +137,18 @@ class RestClient:
             raise
         return True
 
+    async def exists(self, sandbox_id: str) -> bool:
+        """``GET /sandboxes/{id}``: False when the API no longer knows the sandbox (404)."""
+        try:
+            await self._call(
+                "GET", f"/sandboxes/{quote(sandbox_id, safe='')}", ok=(200,), idempotent=True
+            )
+        except _connect.ConnectError as exc:
+            if exc.http_status == 404:
+                return False
+            raise
+        return True
+
     async def set_timeout(self, sandbox_id: str, timeout_sec: int) -> None:
         """Make the sandbox live ``timeout_sec`` from now."""
         await self._call(

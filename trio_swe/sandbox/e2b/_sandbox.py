@@ -36,10 +36,10 @@ from .._validate import check_abs_path, check_env, check_read_args, check_user
 from . import _connect, _wire
 from ._envd import EnvdClient
 from ._rest import RestClient
-from ._retry import RetryStats, classify
+from ._retry import RetryStats, StreamIdleTimeout, classify
 
 #: Seconds past ``timeout`` before the client gives up on envd's own deadline kill.
-_DEADLINE_GRACE: Final = 5.0
+_DEADLINE_GRACE: Final = 1.0
 DEFAULT_MAX_OUTPUT_BYTES: Final = 1 << 20
 #: Connect codes with which envd refuses a request it understood: not worth a retry.
 _REFUSALS: Final = frozenset(
@@ -140,17 +140,27 @@ class E2BSandbox:
         if self._killed:
             raise SandboxNotRunningError(f"sandbox {self._id} was killed")
 
+    async def _gone_verdict(self, bound: float = 10.0) -> bool | None:
+        """Is the sandbox provably gone? True: the edge or the REST API says so; False: envd
+        answered; None: nobody could tell (each probe bounded by ``bound`` seconds)."""
+        with trio.move_on_after(bound):
+            try:
+                return not await self._envd.health()
+            except Exception:
+                pass
+        if self._rest is not None:
+            with trio.move_on_after(bound):
+                try:
+                    return not await self._rest.exists(self._id)
+                except Exception:
+                    pass
+        return None
+
     async def _infra_error(self, exc: BaseException, what: str) -> SandboxError:
-        """Tell a dead sandbox from an unreachable one with one health probe."""
+        """Tell a dead sandbox from an unreachable one: the health probe, then the REST API."""
         if isinstance(exc, _connect.ConnectError) and _gone(exc):
             return SandboxNotRunningError(f"sandbox {self._id} is gone ({what}): {exc}")
-        alive: bool | None = None
-        with trio.move_on_after(10.0):
-            try:
-                alive = await self._envd.health()
-            except Exception:
-                alive = None
-        if alive is False:
+        if await self._gone_verdict():
             return SandboxNotRunningError(f"sandbox {self._id} is gone ({what}): {exc}")
         return SandboxUnreachableError(f"sandbox {self._id}: {what} failed: {exc!r}")
 
@@ -183,22 +193,29 @@ class E2BSandbox:
             stdin=False,
         )
         # envd kills the process when Connect-Timeout-Ms elapses: exactly the semantics of
-        # ``timeout``. The client-side scope is the backstop if envd does not.
+        # ``timeout``. The client-side deadline is the backstop if envd does not answer: it
+        # bounds every attempt, retry, re-attach and shielded wait together.
         timeout_ms = None if timeout is None else max(1, math.ceil(timeout * 1000))
         out = _Output(self._max_output)
         run = _Run()
         t0 = trio.current_time()
+        not_after = math.inf if timeout is None else t0 + timeout + _DEADLINE_GRACE
         end: _wire.EndEvent | None = None
         timed_out = False
-        with trio.move_on_after(math.inf if timeout is None else timeout + _DEADLINE_GRACE):
+        envd_deadline = False
+        with trio.move_on_at(not_after):
             try:
-                end = await self._drive(start, tag, user, timeout_ms, out, run, idempotent)
+                end = await self._drive(
+                    start, tag, user, timeout_ms, out, run, idempotent, not_after
+                )
             except _Deadline:
-                timed_out = True
+                timed_out = envd_deadline = True
             except BaseException as exc:
                 # Cancelled from outside (or failed oddly): envd does not kill a process whose
-                # stream goes away, so kill it by tag before letting go.
-                if not isinstance(exc, SandboxError):
+                # stream goes away, so kill it by tag before letting go. Our own deadline kills
+                # after the result is in the caller's hands (below).
+                own_deadline = isinstance(exc, trio.Cancelled) and trio.current_time() >= not_after
+                if not isinstance(exc, SandboxError) and not own_deadline:
                     await self._kill_tag(tag)
                 raise
         elapsed = trio.current_time() - t0
@@ -210,7 +227,11 @@ class E2BSandbox:
             and not end.exited
             and elapsed >= timeout * 0.999
         ):
-            await self._kill_tag(tag)
+            if envd_deadline:
+                # envd answered (and killed it): one quick kill by tag as well, within the grace.
+                await self._kill_tag(tag, bound=max(0.25, not_after - trio.current_time()))
+            else:
+                self._kill_in_background(tag)
             return ExecResult(
                 exit_code=-1,
                 output=out.text(),
@@ -222,7 +243,9 @@ class E2BSandbox:
         if not end.exited:
             sig = signal_number(end.status)
             # A process killed by a signal we did not send: was it the sandbox dying?
-            await self._raise_if_gone()
+            bound = 10.0 if timeout is None else max(0.25, not_after - trio.current_time())
+            if await self._gone_verdict(bound):
+                raise SandboxNotRunningError(f"sandbox {self._id} died while a command ran")
             return ExecResult(
                 exit_code=128 + sig if sig else (end.exit_code if end.exit_code > 0 else -1),
                 output=out.text(),
@@ -247,8 +270,12 @@ class E2BSandbox:
         out: _Output,
         run: _Run,
         idempotent: bool,
+        not_after: float = math.inf,
     ) -> _wire.EndEvent:
-        """Start the command, re-attaching by tag through stream failures; return its end."""
+        """Start the command, re-attaching by tag through stream failures; return its end.
+
+        ``not_after`` caps the shielded waits (the caller's deadline over all attempts).
+        """
         policy = self._envd.policy
         mode = "start"  # "start": send Start; "attach": Connect by tag; "probe": is it there?
         probe_is_proof = False
@@ -269,14 +296,16 @@ class E2BSandbox:
                     tmo = None  # a deadline on Connect would not kill anything; ours suffices
                 starting = mode == "start"
                 async with self._envd.open_stream(
-                    method, msg, user=user, timeout_ms=tmo, shield=starting
+                    method, msg, user=user, timeout_ms=tmo, shield=starting, not_after=not_after
                 ) as s:
                     if starting:
                         # Until envd says "started" (or the stream fails), cancellation waits:
                         # then the caller's kill-by-tag finds the process. Bounded by the
-                        # stream's idle watchdog.
-                        with trio.CancelScope(shield=True):
+                        # stream's idle watchdog and by the caller's own deadline.
+                        with trio.CancelScope(shield=True, deadline=not_after) as waited:
                             ev = await s.next_event()
+                        if waited.cancelled_caught:
+                            raise StreamIdleTimeout("no start event before the deadline")
                     else:
                         ev = await s.next_event()
                     while ev is not None:
@@ -350,24 +379,22 @@ class E2BSandbox:
                 self._retries += 1
                 await trio.sleep(policy.delay(failure, retry_index - 1, self._envd.rng))
 
-    async def _kill_tag(self, tag: str) -> None:
-        """Best effort SIGKILL of a command that overran; shielded and bounded."""
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + 10.0
+    async def _kill_tag(self, tag: str, bound: float = 10.0) -> bool:
+        """Best effort SIGKILL of a command by tag; shielded and bounded. True when sent."""
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + bound):
             try:
                 await self._envd.send_signal(_wire.ProcessSelector(tag=tag), _wire.SIGNAL_SIGKILL)
+                return True
             except Exception:
                 pass  # gone already, or the sandbox is unreachable: its TTL reclaims it
+        return False
 
-    async def _raise_if_gone(self) -> None:
-        alive: bool | None = None
-        with trio.move_on_after(10.0):
-            try:
-                alive = await self._envd.health()
-            except Exception:
-                alive = None
-        if alive is False:
-            raise SandboxNotRunningError(f"sandbox {self._id} died while a command ran")
+    def _kill_in_background(self, tag: str) -> None:
+        """Kill by tag after the caller has its result (in the sandbox's nursery)."""
+        try:
+            self._nursery.start_soon(self._kill_tag, tag)
+        except RuntimeError:
+            pass  # the sandbox is closing: killing it ends the command too
 
     # --- files ---------------------------------------------------------------------------
 
