@@ -53,6 +53,7 @@ __all__ = [
     "SandboxFileTooLargeError",
     "SandboxNotAFileError",
     "SandboxNotRunningError",
+    "SandboxPermissionError",
     "SandboxUnreachableError",
     "SetupFailedError",
     "SpecBuildError",
@@ -136,6 +137,12 @@ class DetachedCommandLostError(SandboxError):
 
 class SandboxFileNotFoundError(TrioSweError, FileNotFoundError):
     """``read_file`` of a path that does not exist in the sandbox."""
+
+
+class SandboxPermissionError(TrioSweError, PermissionError):
+    """The sandbox refused an access the caller asked for: permissions, or a read-only file
+    system (``write_file`` to ``/etc/passwd`` as a user, to a read-only mount...). The same on
+    every backend; a caller's error, not an infrastructure failure."""
 
 
 class SandboxFileTooLargeError(TrioSweError, ValueError):

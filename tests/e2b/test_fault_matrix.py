@@ -169,7 +169,7 @@ async def run_matrix(
             quiet = trio.Event()  # every sandbox's calls are done: faults are off
 
             async def one_sandbox(k: int) -> None:
-                async with open_sandbox(backend, "base", ttl_sec=600) as sb:
+                async with open_sandbox(backend, "base", ttl_sec=3600) as sb:
                     mine = [j for j in jobs if j[0] % sandboxes == k]
 
                     async def one(i: int, sec: float, code: int) -> None:

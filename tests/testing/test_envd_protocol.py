@@ -37,7 +37,9 @@ async def test_start_streams_pid_output_and_exit_code(
     assert out.pid > 0
     assert out.stdout == b"out sbx call\n"
     assert out.stderr == b"err\n"
-    assert out.end == wire.EndEvent(exit_code=7, exited=True, status="exit status 7")
+    assert out.end == wire.EndEvent(
+        exit_code=7, exited=True, status="exit status 7", error="exit status 7"
+    )
     assert out.end_stream is not None
     assert out.end_stream.error is None
 

@@ -257,3 +257,43 @@ async def test_sdk_stdin_send_stream_and_close(server: EnvdServer) -> None:
         return out
 
     assert await in_thread(scenario) == "one,two,three"
+
+
+async def test_sdk_sees_envd_documented_errors(server: EnvdServer) -> None:
+    """What envd does where the server once differed (issue 9 item 13, found with the SDK)."""
+
+    def scenario() -> dict[str, Any]:
+        sb = e2b.Sandbox.create(timeout=60, **params(server))
+        out: dict[str, Any] = {}
+        for cmd in ("exit 3", "kill -9 $$"):
+            try:
+                sb.commands.run(cmd)
+            except e2b.CommandExitException as exc:
+                out[cmd] = (exc.exit_code, exc.error)
+        try:
+            sb.commands.run("pwd", cwd="/no/such/dir")
+        except e2b.InvalidArgumentException as exc:
+            out["cwd"] = type(exc).__name__
+        sb.files.write("/tmp/plain", "x")
+        try:
+            sb.files.make_dir("/tmp/plain")
+        except e2b.SandboxException as exc:
+            out["mkdir_over_file"] = type(exc).__name__
+        out["mkdir_over_dir"] = sb.files.make_dir("/tmp")  # False: it already exists
+        try:
+            sb.files.list("/tmp/no-such-dir")
+        except e2b.NotFoundException as exc:
+            out["list_missing"] = type(exc).__name__
+        sb.files.remove("/tmp/no-such-path")  # envd: success
+        out["remove_missing"] = True
+        sb.kill()
+        return out
+
+    out = await in_thread(scenario)
+    assert out["exit 3"] == (3, "exit status 3")
+    assert out["kill -9 $$"][1] == "signal: killed"
+    assert out["cwd"] == "InvalidArgumentException"
+    assert out["mkdir_over_file"] in ("InvalidArgumentException", "SandboxException")
+    assert out["mkdir_over_dir"] is False
+    assert out["list_missing"] in ("NotFoundException", "FileNotFoundException")
+    assert out["remove_missing"] is True

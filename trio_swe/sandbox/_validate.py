@@ -41,8 +41,28 @@ def check_abs_path(path: str, *, what: str = "path") -> str:
     return path
 
 
+#: Linux's ``MAX_ARG_STRLEN``: the longest single argument or ``NAME=value`` environment string,
+#: its NUL included. ``execve`` fails with E2BIG beyond it, whatever the total.
+MAX_ARG_STRLEN = 32 * 4096
+
+
+def _arg_bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def check_command(cmd: str) -> str:
+    """A shell command given as one argument (``sh -c cmd``) must fit the kernel's limit."""
+    size = _arg_bytes(cmd)
+    if size >= MAX_ARG_STRLEN:
+        raise InvalidArgumentError(
+            f"cmd is too long: {size:,} bytes, at most {MAX_ARG_STRLEN - 1:,} fit in one "
+            "argument (write the script with write_file and run the file)"
+        )
+    return cmd
+
+
 def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
-    """Environment names must be identifiers; values may be anything but NUL."""
+    """Environment names must be identifiers; values anything but NUL, within one argument."""
     out: dict[str, str] = {}
     for name, value in (env or {}).items():
         if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
@@ -53,6 +73,12 @@ def check_env(env: Mapping[str, str] | None) -> dict[str, str]:
             )
         if "\x00" in value:
             raise InvalidArgumentError(f"environment variable {name} contains a NUL character")
+        size = len(name) + 1 + _arg_bytes(value)
+        if size >= MAX_ARG_STRLEN:
+            raise InvalidArgumentError(
+                f"environment variable {name} is too long: {name}=value is {size:,} bytes, at "
+                f"most {MAX_ARG_STRLEN - 1:,} fit in one environment string (pass it in a file)"
+            )
         out[name] = value
     return out
 

@@ -29,10 +29,12 @@ from ..._errors import (
     SandboxFileTooLargeError,
     SandboxNotAFileError,
     SandboxNotRunningError,
+    SandboxPermissionError,
     SandboxUnreachableError,
+    TrioSweError,
 )
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec
-from .._validate import check_abs_path, check_env, check_read_args, check_user
+from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from . import _connect, _wire
 from ._envd import EnvdClient
 from ._rest import RestClient
@@ -179,6 +181,7 @@ class E2BSandbox:
         """Run ``cmd`` with ``/bin/sh -c`` and wait for it (see the module docstring)."""
         if not isinstance(cmd, str):
             raise InvalidArgumentError(f"cmd must be a str, got {type(cmd).__name__}")
+        check_command(cmd)
         if timeout is not None and not (timeout > 0 and math.isfinite(timeout)):
             raise InvalidArgumentError(f"timeout must be a positive number or None, got {timeout}")
         user = check_user(user or "root")
@@ -350,8 +353,10 @@ class E2BSandbox:
                         mode = "attach"
                         run.reattached = True
                     elif exc.code in _REFUSALS:
-                        # envd itself refused (bad cwd, unknown user...): not a transport fault.
-                        raise SandboxError(f"sandbox {self._id}: envd refused {method}: {exc}")
+                        # envd itself refused (bad cwd, unknown user...): not a transport fault,
+                        # typed as every backend types it.
+                        what = f"sandbox {self._id}: envd refused {method}"
+                        raise _refusal(exc, what) or SandboxError(f"{what}: {exc}") from exc
                     elif not failure.transient:
                         raise await self._infra_error(exc, method) from exc
                 elif not failure.transient:
@@ -413,6 +418,11 @@ class E2BSandbox:
         self._check_alive()
         try:
             await self._envd.write_file(path, bytes(data), user=user)
+        except _connect.ConnectError as exc:
+            refused = _refusal(exc, f"write_file {path!r} in sandbox {self._id}")
+            if refused is not None:
+                raise refused from exc
+            raise await self._infra_error(exc, f"write_file {path}") from exc
         except Exception as exc:
             raise await self._infra_error(exc, f"write_file {path}") from exc
         if mode is not None:
@@ -466,6 +476,9 @@ class E2BSandbox:
                 ) from exc
             if exc.http_status == 400 and "directory" in str(exc):
                 raise SandboxNotAFileError(path, "directory") from exc
+            refused = _refusal(exc, f"read_file {path!r} in sandbox {self._id}")
+            if refused is not None:
+                raise refused from exc
             raise await self._infra_error(exc, f"read_file {path}") from exc
         except Exception as exc:
             raise await self._infra_error(exc, f"read_file {path}") from exc
@@ -516,6 +529,23 @@ def _tag_taken(exc: _connect.ConnectError) -> bool:
         and "tag" in msg
         and ("already" in msg or "exists" in msg)
     )
+
+
+def _refusal(exc: _connect.ConnectError, what: str) -> TrioSweError | None:
+    """The typed error for a request envd understood and refused, or None (not a refusal).
+
+    The same types as every backend: a bad argument (unknown user, missing cwd, a path that is a
+    directory, envd's 401 "invalid user" of ``/files``) is :class:`InvalidArgumentError`; a
+    denied access (permissions, read-only file system) is :class:`SandboxPermissionError`.
+    """
+    if _gone(exc):
+        return None
+    status, msg = exc.http_status, exc.message
+    if exc.code == "permission_denied" or status == 403:
+        return SandboxPermissionError(f"{what}: {msg}")
+    if exc.code == "invalid_argument" or status == 400 or (status == 401 and "user" in msg.lower()):
+        return InvalidArgumentError(f"{what}: {msg}")
+    return None
 
 
 def _gone(exc: _connect.ConnectError) -> bool:

@@ -12,6 +12,7 @@ applies once inside the sandbox. Otherwise a ``PATH`` naming a host directory wo
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import Final
 
 import trio
 
-from ..._errors import BackendUnavailableError, SandboxError
+from ..._errors import BackendUnavailableError, InvalidArgumentError, SandboxError
 from ._users import SandboxUser
 
 #: Where the launcher's tools are looked up: system directories, which the sandbox sees too
@@ -138,5 +139,11 @@ async def start_local_process(
             start_new_session=True,
         )
     except OSError as exc:
+        if exc.errno == errno.E2BIG:
+            # Each string is checked before (check_command, check_env): the total is too big.
+            raise InvalidArgumentError(
+                "the command and its environment together exceed the kernel's limit on "
+                "arguments (E2BIG): write big inputs to a file instead"
+            ) from exc
         raise SandboxError(f"cannot start {argv[0]}: {exc}") from exc
     return LocalProcess(process, on_close)

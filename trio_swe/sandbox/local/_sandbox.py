@@ -19,9 +19,10 @@ from ..._errors import (
     SandboxFileTooLargeError,
     SandboxNotAFileError,
     SandboxNotRunningError,
+    SandboxPermissionError,
 )
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult
-from .._validate import check_abs_path, check_env, check_read_args, check_user
+from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from ._process import LocalProcess, nsenter_argv, start_local_process
 from ._users import ROOT, SandboxUser
 
@@ -38,7 +39,13 @@ _TOO_LARGE_STATUS = 46
 # Reserved statuses tell "missing", "not a file" (its kind on stderr) and "too large" (the size
 # on stderr) apart from other failures; `head` never reads more than the cap + 1.
 _READ_SCRIPT = """p=$1
-if [ ! -e "$p" ]; then exit 44; fi
+if [ ! -e "$p" ]; then
+  d=$p
+  while d=$(dirname -- "$d"); [ "$d" != / ]; do
+    if [ -d "$d" ] && [ ! -x "$d" ]; then echo "cannot enter $d" >&2; exit 47; fi
+  done
+  exit 44
+fi
 if [ -d "$p" ]; then echo directory >&2; exit 45; fi
 if [ ! -f "$p" ] && [ "$3" != 1 ]; then
   if [ -p "$p" ]; then k=fifo; elif [ -c "$p" ]; then k="character device"
@@ -46,15 +53,32 @@ if [ ! -f "$p" ] && [ "$3" != 1 ]; then
   else k="special file"; fi
   echo "$k" >&2; exit 45
 fi
+if [ ! -r "$p" ]; then echo "not readable" >&2; exit 47; fi
 if [ -z "$2" ]; then exec cat -- "$p"; fi
 if [ -f "$p" ] && s=$(stat -L -c %s -- "$p" 2>/dev/null) && [ "$s" -gt "$2" ]; then
   echo "$s" >&2; exit 46
 fi
 exec head -c "$(($2 + 1))" -- "$p"
 """
-_WRITE_SCRIPT = (
-    'mkdir -p -- "$(dirname -- "$1")" && cat > "$1" && if [ -n "$2" ]; then chmod -- "$2" "$1"; fi'
-)
+# Writes a file; a refusal is told apart by status: 45 a directory is in the way, 47 not
+# permitted (permissions or a read-only file system: test -w asks access(2), which says both).
+_WRITE_SCRIPT = """p=$1; d=$(dirname -- "$p")
+if [ -d "$p" ]; then echo "a directory" >&2; exit 45; fi
+if ! mkdir -p -- "$d" 2>/dev/null || [ ! -d "$d" ]; then
+  if [ -e "$d" ] && [ ! -d "$d" ]; then echo "$d is not a directory" >&2; exit 45; fi
+  echo "cannot create $d" >&2; exit 47
+fi
+if { [ -e "$p" ] && [ ! -w "$p" ]; } || { [ ! -e "$p" ] && [ ! -w "$d" ]; }; then
+  echo "not writable" >&2; exit 47
+fi
+cat > "$p" && if [ -n "$2" ]; then chmod -- "$2" "$p"; fi
+"""
+_DENIED_STATUS = 47
+
+
+def _is_dir(path: str) -> bool:
+    # One stat on procfs: cheaper inline than a thread hop per process start.
+    return os.path.isdir(path)
 
 
 class LocalSandbox:
@@ -185,6 +209,13 @@ class LocalSandbox:
             raise InvalidArgumentError(f"argv[0] must not contain '=': {argv[0]!r}")
         who = self._user(user)
         workdir = check_abs_path(cwd or self._workdir, what="cwd")
+        # As envd: a missing working directory is the caller's error, not the command's exit 1
+        # (nsenter's "cannot change directory"). Seen from the host through the init's root.
+        if not _is_dir(f"/proc/{self._init_pid}/root{workdir}"):
+            self._require_alive()
+            raise InvalidArgumentError(
+                f"cwd {workdir!r} is not a directory in local sandbox {self._id}"
+            )
         host_argv = nsenter_argv(
             self._init_pid,
             argv,
@@ -276,6 +307,7 @@ class LocalSandbox:
     ) -> ExecResult:
         """Run ``cmd`` with ``/bin/sh -c``; see :meth:`trio_swe.Sandbox.exec`."""
         del idempotent  # nothing to retry locally
+        check_command(cmd)
         self._stats["execs"] += 1
         start = trio.current_time()
         with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
@@ -312,10 +344,16 @@ class LocalSandbox:
             data=payload,
             merge_stderr=False,
         )
-        if status != 0:
-            raise SandboxError(
-                f"write_file {path!r} failed ({status}): {err.decode(errors='replace').strip()}"
+        detail = err.decode(errors="replace").strip()
+        if status == _NOT_A_FILE_STATUS:
+            raise InvalidArgumentError(f"write_file {path!r}: {detail}, not a file path")
+        if status == _DENIED_STATUS:
+            raise SandboxPermissionError(
+                f"write_file {path!r}: not permitted for user {user or 'root'} "
+                f"(permissions or a read-only file system): {detail}"
             )
+        if status != 0:
+            raise SandboxError(f"write_file {path!r} failed ({status}): {detail}")
         self._stats["files_written"] += 1
 
     async def read_file(
@@ -349,6 +387,10 @@ class LocalSandbox:
             raise SandboxFileNotFoundError(f"{path}: no such file in sandbox {self._id}")
         if status == _NOT_A_FILE_STATUS:
             raise SandboxNotAFileError(path, detail or "special file")
+        if status == _DENIED_STATUS:
+            raise SandboxPermissionError(
+                f"read_file {path!r}: not permitted for user {user or 'root'}: {detail}"
+            )
         if status == _TOO_LARGE_STATUS and max_bytes is not None:
             raise SandboxFileTooLargeError(
                 path, max_bytes, int(detail) if detail.isdigit() else None

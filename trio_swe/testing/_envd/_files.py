@@ -12,6 +12,7 @@ from ..._errors import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxNotRunningError,
+    SandboxPermissionError,
 )
 from ._asgi import Request
 from ._base import (
@@ -104,6 +105,9 @@ class FileRoutes(AppBase):
                 await self._died(entry)
                 await self._gone(req, read_body=False)
                 return
+            except SandboxPermissionError as exc:
+                await req.respond_json(403, {"code": 403, "message": str(exc)})
+                return
             except (InvalidArgumentError, SandboxError) as exc:
                 await req.respond_json(400, {"code": 400, "message": str(exc)})
                 return
@@ -152,6 +156,9 @@ class FileRoutes(AppBase):
             except SandboxNotRunningError:
                 await self._died(entry)
                 await self._gone(req, read_body=False)
+                return
+            except SandboxPermissionError as exc:
+                await req.respond_json(403, {"code": 403, "message": str(exc)})
                 return
             except (InvalidArgumentError, SandboxError) as exc:
                 await req.respond_json(400, {"code": 400, "message": str(exc)})

@@ -64,6 +64,8 @@ def listing(root, depth):
             found.append(entry(child))
             if level < depth and os.path.isdir(child) and not os.path.islink(child):
                 walk(child, level + 1)
+    if not os.path.lexists(root):
+        raise FileNotFoundError(root + " does not exist")
     if not os.path.isdir(root):
         raise NotADirectoryError(root + " is not a directory")
     walk(root, 1)
@@ -76,13 +78,19 @@ try:
     elif op == "ListDir":
         out = {"entries": listing(args["path"], max(1, int(args.get("depth") or 1)))}
     elif op == "MakeDir":
-        if os.path.lexists(args["path"]):
+        # envd: an existing directory is already_exists (the SDK answers False); anything
+        # else in the way is an invalid argument.
+        if os.path.isdir(args["path"]):
             raise FileExistsError(args["path"] + " already exists")
+        if os.path.lexists(args["path"]):
+            raise NotADirectoryError(args["path"] + " exists and is not a directory")
         os.makedirs(args["path"])
         out = {"entry": entry(args["path"])}
     elif op == "Remove":
         path = args["path"]
-        if os.path.isdir(path) and not os.path.islink(path):
+        if not os.path.lexists(path):
+            pass  # envd: removing what is not there succeeds
+        elif os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
         else:
             os.remove(path)

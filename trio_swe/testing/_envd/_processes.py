@@ -53,14 +53,22 @@ class ProcessHost(Protocol):
 
 
 def end_event_for(returncode: int) -> EndEvent:
-    """The envd end event for a return code (negative: killed by that signal)."""
+    """The envd end event for a return code (negative: killed by that signal).
+
+    Like envd (Go's ``exec.ExitError``), a non-zero exit or a signal also sets ``error`` to the
+    status text (``"exit status 3"``, ``"signal: killed"``); a zero exit has none.
+    """
     if returncode >= 0:
-        return EndEvent(exit_code=returncode, exited=True, status=f"exit status {returncode}")
+        status = f"exit status {returncode}"
+        return EndEvent(
+            exit_code=returncode, exited=True, status=status, error=status if returncode else None
+        )
     try:
         name = (_signal.strsignal(-returncode) or "").lower() or f"signal {-returncode}"
     except ValueError:
         name = f"signal {-returncode}"
-    return EndEvent(exit_code=-1, exited=False, status=f"signal: {name}")
+    status = f"signal: {name}"
+    return EndEvent(exit_code=-1, exited=False, status=status, error=status)
 
 
 class ProcessRecord:

@@ -102,7 +102,9 @@ class RpcRoutes(StreamRoutes):
         except SandboxNotRunningError:
             await self._died(entry)
             raise RpcError("unavailable", GONE_MESSAGE) from None
-        except (InvalidArgumentError, SandboxError, OSError) as exc:
+        except InvalidArgumentError as exc:  # e.g. an unknown user, as envd refuses it
+            raise RpcError("invalid_argument", str(exc)) from None
+        except (SandboxError, OSError) as exc:
             raise RpcError("internal", str(exc)) from None
         return msgspec.json.encode(result)
 
