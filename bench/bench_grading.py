@@ -130,7 +130,14 @@ def _flask_case(tmp: Path) -> Case | None:
     src, env_bin = prepared
     repo = tmp / "flask"
     shutil.copytree(src, repo)
-    for args in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "Flask 2.2.5 sdist"]):
+    # The base is an empty commit on top of the tree: the eval script's `git show` prints the
+    # base commit, which in SWE-bench's images is one upstream commit, not the whole tree.
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["commit", "-qm", "Flask 2.2.5 sdist"],
+        ["commit", "-q", "--allow-empty", "-m", "base"],
+    ):
         subprocess.run(["git", "-C", str(repo), *args], check=True, env=GIT_ENV)
     base = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
