@@ -35,6 +35,7 @@ TABLE = {
     "SandboxFileNotFoundError": "internal_error",
     "SandboxFileTooLargeError": "internal_error",
     "SandboxNotAFileError": "internal_error",
+    "SandboxPermissionError": "internal_error",
     "TemplateError": "internal_error",
     "NotAppendOnlyError": "internal_error",
 }

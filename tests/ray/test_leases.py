@@ -48,12 +48,19 @@ def test_reclaim_and_expiry_return_a_dead_holders_leases() -> None:
     count, granted = table.reclaim("dead")
     assert (count, granted) == (2, ["c"])  # d was the dead holder's: dropped, not granted
     assert table.statistics().waiting == 0
+    # A request the dead holder sent before it died, arriving after the reclaim: refused, so
+    # no lease is left that nobody will return.
+    assert table.request("late", "dead", 1.5) is False
+    table.heartbeat("dead", 1.5)
+    assert table.per_holder() == {"alive": 1}
     assert table.request("e", "silent", 2.0)
     table.heartbeat("alive", 11.0)
     silent, granted = table.expire(13.0)
     assert silent == ["silent"]
     assert table.per_holder() == {"alive": 1}
     assert table.statistics().reclaimed == 3
+    # Expiry is not death: a silent holder heard from again is served.
+    assert table.request("f", "silent", 14.0) is True
 
 
 def test_invariants_hold_under_random_operations() -> None:
@@ -62,12 +69,21 @@ def test_invariants_hold_under_random_operations() -> None:
     live: set[str] = set()
     booted: set[str] = set()
     queued: set[str] = set()
+    generation = [0, 0, 0, 0]  # a reclaimed worker is replaced by a new holder
+    dead: set[str] = set()
     for n in range(3000):
         op = rng.random()
         if op < 0.4:
             lease = f"l{n}"
-            granted = table.request(lease, f"w{rng.randrange(4)}", float(n))
-            (live if granted else queued).add(lease)
+            i = rng.randrange(4)
+            holder = f"w{i}.{generation[i]}" if rng.random() < 0.95 else rng.choice([*dead, "x"])
+            granted = table.request(lease, holder, float(n))
+            if granted is None:
+                queued.add(lease)
+            elif granted:
+                live.add(lease)
+            else:
+                assert holder in dead, holder  # only a dead holder's request is refused
         elif op < 0.6 and live - booted:
             lease = rng.choice(sorted(live - booted))
             booted.add(lease)
@@ -83,7 +99,10 @@ def test_invariants_hold_under_random_operations() -> None:
             live.update(new)
             queued.difference_update(new)
         else:
-            holder = f"w{rng.randrange(4)}"
+            i = rng.randrange(4)
+            holder = f"w{i}.{generation[i]}"
+            generation[i] += 1
+            dead.add(holder)
             mine = {x for x in live | queued if table.holder_of(x) == holder}
             _, new = table.reclaim(holder)
             live -= mine

@@ -77,13 +77,20 @@ class LeaseTable:
         self._queue: collections.OrderedDict[str, str] = collections.OrderedDict()  # id -> holder
         self._tombstones: set[str] = set()
         self._seen: dict[str, float] = {}  # holder -> last time heard from
+        # Holders reclaimed as dead. Their requests may still be in flight (a worker killed just
+        # after it asked; Ray orders messages per caller, not across the worker and the driver):
+        # a late request of a dead holder is refused, or it would be a lease nobody returns.
+        self._dead: set[str] = set()
         self._booting = 0
         self._granted = self._released = self._reclaimed = 0
         self._peak_booting = self._peak_alive = 0
 
     # -- requests ---------------------------------------------------------------------------
     def request(self, lease_id: str, holder: str, now: float) -> bool | None:
-        """Ask for a lease. True: granted now; None: queued; False: it was cancelled already."""
+        """Ask for a lease. True: granted now; None: queued; False: it was cancelled already
+        (or its holder was reclaimed as dead)."""
+        if holder in self._dead:
+            return False
         self._seen[holder] = now
         if lease_id in self._tombstones:
             self._tombstones.discard(lease_id)
@@ -118,14 +125,20 @@ class LeaseTable:
         return self._drain()
 
     def heartbeat(self, holder: str, now: float) -> None:
-        """The holder is alive."""
-        self._seen[holder] = now
+        """The holder is alive (a holder reclaimed as dead stays dead)."""
+        if holder not in self._dead:
+            self._seen[holder] = now
 
     def reclaim(self, holder: str) -> tuple[int, list[str]]:
-        """Take back every lease of ``holder`` and drop its requests (it died).
+        """Take back every lease of ``holder`` and drop its requests (it died); its requests
+        that arrive later are refused.
 
         Returns the number of leases reclaimed and the newly granted ids.
         """
+        self._dead.add(holder)
+        return self._take_back(holder)
+
+    def _take_back(self, holder: str) -> tuple[int, list[str]]:
         for lease_id in [i for i, h in self._queue.items() if h == holder]:
             del self._queue[lease_id]
         mine = [i for i, lease in self._leases.items() if lease.holder == holder]
@@ -143,7 +156,8 @@ class LeaseTable:
         silent = [h for h, t in self._seen.items() if now - t > self.holder_ttl_sec]
         granted: list[str] = []
         for holder in silent:
-            granted += self.reclaim(holder)[1]
+            # Only silent, maybe slow rather than dead: a later request of it is served again.
+            granted += self._take_back(holder)[1]
         return silent, granted
 
     def holder_of(self, lease_id: str) -> str | None:
