@@ -132,8 +132,36 @@ def _aggregate_table(results: Sequence[EpisodeResult]) -> Table:
     return table
 
 
+def _demo_verdict(
+    console: Console,
+    args: argparse.Namespace,
+    results: Sequence[EpisodeResult],
+    expected: Mapping[str, float],
+    started: float,
+    *,
+    gateway: bool = False,
+) -> int:
+    """Print the demo's table and one-line verdict; 0 when every episode earned its reward."""
+    console.print(_summary_table(results, expected))
+    matched = sum(
+        1 for r in results if r.status != "aborted" and r.reward == expected[r.instance_id]
+    )
+    samples = sum(len(r.samples) for r in results)
+    tokens = sum(len(s.tokens) for r in results for s in r.samples)
+    recorded = (
+        f"{sum(r.n_turns for r in results)} turns recorded by the gateway, " if gateway else ""
+    )
+    console.print(
+        f"{matched}/{len(results)} episodes earned the reward their script plays for; "
+        f"{recorded}{samples} samples, {tokens} tokens; {time.monotonic() - started:.1f}s"
+    )
+    if args.out:
+        console.print(f"results: {args.out}")
+    return 0 if matched == len(results) else 1
+
+
 def _summary_table(
-    results: Sequence[EpisodeResult], expected: dict[str, float] | None = None
+    results: Sequence[EpisodeResult], expected: Mapping[str, float] | None = None
 ) -> Table:
     table = Table(title="episodes", show_lines=False)
     for col in ("instance", "status", "reward", "exit", "finish", "turns", "samples", "time"):
@@ -593,21 +621,7 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
         finally:
             if writer is not None:
                 writer.close()
-        console.print(_summary_table(results, demo.expected_rewards))
-        matched = sum(
-            1
-            for r in results
-            if r.status != "aborted" and r.reward == demo.expected_rewards[r.instance_id]
-        )
-        samples = sum(len(r.samples) for r in results)
-        tokens = sum(len(s.tokens) for r in results for s in r.samples)
-        console.print(
-            f"{matched}/{len(results)} episodes earned the reward their script plays for; "
-            f"{samples} samples, {tokens} tokens; {time.monotonic() - started:.1f}s"
-        )
-        if args.out:
-            console.print(f"results: {args.out}")
-        return 0 if matched == len(results) else 1
+        return _demo_verdict(console, args, results, demo.expected_rewards, started)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -689,23 +703,7 @@ async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
         finally:
             if writer is not None:
                 writer.close()
-        console.print(_summary_table(results, demo.expected_rewards))
-        matched = sum(
-            1
-            for r in results
-            if r.status != "aborted" and r.reward == demo.expected_rewards[r.instance_id]
-        )
-        samples = sum(len(r.samples) for r in results)
-        turns = sum(r.n_turns for r in results)
-        tokens = sum(len(s.tokens) for r in results for s in r.samples)
-        console.print(
-            f"{matched}/{len(results)} episodes earned the reward their script plays for; "
-            f"{turns} turns recorded by the gateway, {samples} samples, {tokens} tokens; "
-            f"{time.monotonic() - started:.1f}s"
-        )
-        if args.out:
-            console.print(f"results: {args.out}")
-        return 0 if matched == len(results) else 1
+        return _demo_verdict(console, args, results, demo.expected_rewards, started, gateway=True)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
