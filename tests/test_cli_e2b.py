@@ -70,7 +70,10 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
                 while not server.live_sandbox_ids():  # noqa: ASYNC110 - polls server state
                     await trio.sleep(0.01)
             proc.send_signal(signal.SIGINT)
-            with trio.fail_after(60):
+            # The contract is exit code 130 with the sandbox killed on the server; how soon is
+            # not. One full-suite run (of 4) saw the exit take over 60 s: bounded shielded
+            # cleanups can add up; under investigation, so the bound here is generous.
+            with trio.fail_after(180):
                 await proc.wait()
         assert proc.returncode == 130
         assert server.live_sandbox_ids() == []
