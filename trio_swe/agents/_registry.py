@@ -8,20 +8,28 @@ in ``_harness.py``, which the :mod:`trio_swe.agents` package imports).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .._errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
-    from ..config import SweConfig
     from ._types import Agent
 
 __all__ = ["AgentFactory", "available_agents", "create_agent", "register_agent"]
 
-#: Builds an agent from the configuration.
-AgentFactory = Callable[["SweConfig"], "Agent"]
+#: Builds an agent from the configuration (a :class:`~trio_swe.config.SweConfig`). Typed ``Any``
+#: here because ``config`` asks this module for the agent names when it checks ``SWE_AGENT``:
+#: naming ``SweConfig`` would make the two modules import each other.
+AgentFactory = Callable[[Any], "Agent"]
 
 _REGISTRY: dict[str, AgentFactory] = {}
+
+
+class _NamesAnAgent(Protocol):
+    """What :func:`create_agent` reads of a ``SweConfig``: the agent's name."""
+
+    @property
+    def agent(self) -> str: ...
 
 
 def register_agent(name: str, factory: AgentFactory, *, replace: bool = False) -> None:
@@ -50,7 +58,7 @@ def unknown_agent(name: str) -> ConfigError:
     )
 
 
-def create_agent(config: SweConfig, name: str | None = None) -> Agent:
+def create_agent(config: _NamesAnAgent, name: str | None = None) -> Agent:
     """Build the agent named ``name`` (default ``config.agent``).
 
     Raises:
