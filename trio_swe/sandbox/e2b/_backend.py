@@ -8,11 +8,12 @@ import random
 import re
 import ssl
 import uuid
+from collections.abc import Mapping
 from typing import Any, Final
 
 import trio
 
-from ..._errors import ConfigError, PermanentBootError, SandboxBootError
+from ..._errors import ConfigError, InvalidArgumentError, PermanentBootError, SandboxBootError
 from .._images import ImageMap, ImageSource
 from .._types import SandboxSpec
 from . import _connect
@@ -260,6 +261,27 @@ class E2BBackend(trio.abc.AsyncResource):
                 await rest.kill(info.sandbox_id)
             except Exception:
                 pass  # the API is down: the sandbox (if any) dies at its TTL
+
+    async def kill_sandboxes(self, metadata: Mapping[str, str]) -> list[str]:
+        """Kill every sandbox of this API key whose metadata has all of ``metadata``'s pairs.
+
+        For sandboxes whose owner is gone (a process killed outright): the REST API lists them
+        by metadata, and each is killed. Returns the ids killed (not those already gone).
+
+        Raises:
+            InvalidArgumentError: ``metadata`` is empty (that would match every sandbox).
+        """
+        if not metadata:
+            raise InvalidArgumentError("kill_sandboxes needs at least one metadata pair")
+        if self.debug:
+            return []  # one envd, no REST API: nothing to list
+        rest = self._rest()
+        killed = []
+        for listed in await rest.list(metadata=metadata):
+            if await rest.kill(listed.sandbox_id):
+                killed.append(listed.sandbox_id)
+                self._live.discard(listed.sandbox_id)
+        return killed
 
     def _forget(self, sandbox: E2BSandbox) -> None:
         if sandbox.id in self._live:

@@ -1,6 +1,7 @@
-"""E2B's REST API, the lifecycle subset: create, kill, set timeout, connect.
+"""E2B's REST API, the lifecycle subset: create, list, kill, set timeout, connect.
 
-``POST /v2/sandboxes`` (201), ``DELETE /sandboxes/{id}`` (204; 404 means already gone, which is
+``POST /v2/sandboxes`` (201), ``GET /v2/sandboxes?metadata=...`` (200, paged by the
+``x-next-token`` header), ``DELETE /sandboxes/{id}`` (204; 404 means already gone, which is
 success for a kill), ``POST /sandboxes/{id}/timeout`` (204), ``POST /sandboxes/{id}/connect``
 (200 running / 201 resumed). Header ``X-API-KEY``. A create carries an ``Idempotency-Key`` so
 that retrying it after an ambiguous failure does not boot a second sandbox.
@@ -12,7 +13,7 @@ import random
 import uuid
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import trio
@@ -124,6 +125,29 @@ class RestClient:
             idempotent=True,
         )
         return _wire.decode(resp.content, _wire.SandboxInfo)
+
+    async def list(
+        self, *, metadata: Mapping[str, str], states: tuple[str, ...] = ("running", "paused")
+    ) -> list[_wire.ListedSandbox]:
+        """Every sandbox whose metadata has all of ``metadata``'s pairs (filtered by the API),
+        in the given states, following the pages."""
+        # The API takes the pairs as one form-encoded parameter, each key and value quoted
+        # first (as the official SDK sends them).
+        params = {
+            "metadata": urlencode({quote(k): quote(v) for k, v in metadata.items()}),
+            "state": ",".join(states),
+            "limit": "100",
+        }
+        out: list[_wire.ListedSandbox] = []
+        while True:
+            resp = await self._call(
+                "GET", f"/v2/sandboxes?{urlencode(params)}", ok=(200,), idempotent=True
+            )
+            out += _wire.decode(resp.content, list[_wire.ListedSandbox])
+            token = resp.headers.get("x-next-token")
+            if not token:
+                return out
+            params["nextToken"] = token
 
     async def kill(self, sandbox_id: str) -> bool:
         """Kill a sandbox; False when it was already gone (404), which is not an error."""

@@ -265,6 +265,15 @@ class SandboxInfo(msgspec.Struct, omit_defaults=True, kw_only=True):
     domain: str | None = None
 
 
+class ListedSandbox(msgspec.Struct, kw_only=True):
+    """One entry of ``GET /v2/sandboxes`` (``ListedSandbox``), the fields used here."""
+
+    sandbox_id: str = msgspec.field(name="sandboxID")
+    template_id: str = msgspec.field(default="", name="templateID")
+    state: str = "running"
+    metadata: dict[str, str] | None = None
+
+
 class TimeoutRequest(msgspec.Struct, kw_only=True):
     """Body of ``POST /sandboxes/{id}/timeout`` and ``POST /sandboxes/{id}/connect``."""
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import parse_qsl, unquote
+
 import msgspec
 import trio
 
@@ -34,10 +36,7 @@ class RestRoutes(AppBase):
         if parts == ["sandboxes"] and m == "POST":
             await self._rest_create(req, body)
         elif parts == ["sandboxes"] and m == "GET":
-            await req.respond_json(
-                200,
-                [self.registry.get(i).detail(self.domain) for i in self.registry.live_ids()],  # type: ignore[union-attr]
-            )
+            await req.respond_json(200, self._listed(req))
         elif len(parts) >= 2 and parts[0] == "sandboxes":
             entry = self.registry.get(parts[1])
             if entry is None:
@@ -62,6 +61,24 @@ class RestRoutes(AppBase):
                 await req.respond_json(404, {"code": 404, "message": f"no route {req.path}"})
         else:
             await req.respond_json(404, {"code": 404, "message": f"no route {req.path}"})
+
+    def _listed(self, req: Request) -> list[dict[str, object]]:
+        """``GET /v2/sandboxes``: filtered by ``metadata`` (form-encoded pairs, each quoted, as
+        the SDK sends them; all must match) and ``state`` (every sandbox here is running). One
+        page: no ``x-next-token``."""
+        wanted = {
+            unquote(k): unquote(v)
+            for k, v in parse_qsl(req.param("metadata") or "", keep_blank_values=True)
+        }
+        states = (req.param("state") or "running").split(",")
+        out: list[dict[str, object]] = []
+        for sandbox_id in self.registry.live_ids():
+            entry = self.registry.get(sandbox_id)
+            if entry is None or "running" not in states:
+                continue
+            if all(entry.metadata.get(k) == v for k, v in wanted.items()):
+                out.append(entry.detail(self.domain))
+        return out
 
     def _timeout_of(self, body: bytes) -> float:
         try:
