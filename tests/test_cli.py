@@ -102,3 +102,39 @@ async def test_run_interrupted_then_resumed_loses_nothing(tmp_path: Path) -> Non
         assert r.reward == demo.expected_rewards[r.instance_id]
         assert len(r.samples) == 1
     _assert_no_sandboxes(tmp_path)
+
+
+async def test_sigterm_cancels_the_run_cleanly(tmp_path: Path) -> None:
+    # A scheduler's SIGTERM is handled as Ctrl-C is: the run is cancelled, sandboxes are
+    # killed, and the exit code says which signal (128 + 15).
+    demo = build_demo_set(tmp_path / "repos")
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in demo.rows))
+    out = tmp_path / "results.msgpack"
+    async with open_scripted_policy_server(demo.scripts) as server:
+        cmd = [
+            TRIO_SWE, "run", str(rows), "--out", str(out), "--no-progress", "--no-network",
+            "--policy-url", server.url, "--concurrency", "2", "--agent-budget", "8",
+            "--eval-timeout", "60",
+        ]  # fmt: skip
+        async with trio.open_nursery() as nursery:
+            proc: trio.Process = await nursery.start(
+                partial(
+                    trio.run_process, cmd, env=_env(tmp_path), stdout=subprocess.PIPE, check=False
+                )
+            )
+            assert proc.stdout is not None
+            seen = b""
+            while b"episodes to run" not in seen:
+                chunk = await proc.stdout.receive_some()
+                assert chunk, seen.decode()
+                seen += chunk
+            proc.send_signal(signal.SIGTERM)
+            with trio.fail_after(120):
+                while chunk := await proc.stdout.receive_some():
+                    seen += chunk
+                await proc.wait()
+    assert proc.returncode == 143, seen.decode()
+    assert b"interrupted: cleaning up" in seen
+    assert b"rerun the same command to resume" in seen
+    _assert_no_sandboxes(tmp_path)

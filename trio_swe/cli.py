@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -752,7 +753,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one episode per row of a JSONL dataset and append each result to a "
         "results file (resumable: a rerun skips what finished and retries what aborted). "
         "Exits 0 when the run finished, 1 when every episode of it was aborted, 2 on bad "
-        "input, 130 when interrupted.",
+        "input, 130 on Ctrl-C and 143 on SIGTERM (both clean up first).",
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -960,19 +961,58 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     command = {"run": _cmd_run, "grade": _cmd_grade}.get(args.command, _cmd_demo)
     try:
-        return trio.run(command, args, console)
+        code = trio.run(_interruptible, command, args, console)
     except BaseException as exc:
-        if _only(exc, KeyboardInterrupt) is not None:
-            console.print(
-                "[yellow]interrupted: every finished episode is in the results file; "
-                "rerun the same command to resume"
-            )
-            return 130
-        error = _only(exc, TrioSweError)
-        if error is not None:
-            console.print(f"[red]error: {escape(str(error))}")  # `[swebench]` is not markup
-            return 2
-        raise
+        if _only(exc, KeyboardInterrupt) is not None:  # a Ctrl-C before the receiver was open
+            code = 128 + signal.SIGINT
+        else:
+            error = _only(exc, TrioSweError)
+            if error is not None:
+                console.print(f"[red]error: {escape(str(error))}")  # `[swebench]` is not markup
+                return 2
+            raise
+    if code in _SIGNALLED:
+        console.print(
+            "[yellow]interrupted: every finished episode is in the results file; "
+            "rerun the same command to resume"
+        )
+    return code
+
+
+#: Exit codes of a run stopped by a signal, as a shell reports them (128 + the signal).
+_SIGNALLED = {128 + signal.SIGINT, 128 + signal.SIGTERM}
+
+
+async def _interruptible(
+    command: Callable[[argparse.Namespace, Console], Any],
+    args: argparse.Namespace,
+    console: Console,
+) -> int:
+    """Run ``command`` with Ctrl-C and SIGTERM turned into a cancellation of it (exit 130, 143).
+
+    Left to itself, trio raises KeyboardInterrupt wherever the code happens to be, possibly
+    halfway through a lock or a TLS stream's state; the cleanup that follows then meets that
+    broken state (a sandbox kill that never goes out, a shielded close waiting out its bound).
+    A cancellation instead runs every cleanup as any other does. A second signal exits at once.
+    """
+    received: list[int] = []
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async with trio.open_nursery() as nursery:
+
+            async def watch() -> None:
+                async for signum in signals:
+                    if received:
+                        console.print("[red]interrupted again: exiting without cleanup")
+                        sys.stdout.flush()
+                        os._exit(128 + signum)
+                    received.append(signum)
+                    console.print("[yellow]interrupted: cleaning up (Ctrl-C again to skip)")
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(watch)
+            code: int = await command(args, console)
+            nursery.cancel_scope.cancel()
+    return 128 + received[0] if received else code
 
 
 def _only(exc: BaseException, kind: type[BaseException]) -> BaseException | None:
