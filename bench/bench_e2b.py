@@ -3,21 +3,23 @@
 The server (``trio_swe.testing.open_envd_server``, TLS + HTTP/2, real local sandboxes) runs in a
 subprocess, so the CPU and RSS measured here are the client's alone.
 
-(a) Client CPU seconds per short ``exec`` and per long command, ours (``E2BBackend`` on trio)
-    vs the official ``e2b`` SDK's sync ``Sandbox`` in threads, both through the REST API
-    (``api_url``/``sandbox_url``) of the same server in the same run; medians of 3 runs; ratio
-    ours/SDK. (Debug mode is not used: the server's lazily created debug sandbox does not
-    survive many concurrent first requests.)
+(a) Client CPU per call, each client in its own interpreter against the same server, medians of
+    ``TRIO_SWE_BENCH_RUNS`` (3) interleaved runs, as ratios: short ``exec("true")`` sequential
+    and 64 concurrent, ours (``E2BBackend`` on trio) vs the official SDK's ``AsyncSandbox`` on
+    asyncio; a detached 1 s command (16 concurrent), ours (``exec_and_wait``) vs slime's own
+    ``exec_and_wait`` over its ``E2BSandbox``, loaded at run time from the slime checkout named
+    by ``TRIO_SWE_SLIME_DIR`` (skipped with the reason when unset). Both clients are configured
+    from ``E2B_*`` and ``SSL_CERT_FILE``. ``TRIO_SWE_BENCH_PROFILE=1`` prints a cProfile of each
+    child by library (``=2``: plus the top functions).
 (b) N sandboxes at once, each running one detached command through ``exec_and_wait``: wall
     time, client peak RSS, client CPU, RPCs per command, errors. Default N=100 x 10 s (fits
     ~3 min on 2 cores); ``TRIO_SWE_BENCH_FULL=1`` runs the issue's 1,000 x 30 s.
 
-Run: ``python -m bench e2b``.
+Run: ``python -m bench e2b`` (``TRIO_SWE_BENCH_E2B_CPU_ONLY=1``: only (a)).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import json
 import os
 import resource
@@ -31,13 +33,7 @@ from typing import Any
 import trio
 
 ROOT = Path(__file__).resolve().parent.parent
-SHORT_N = 200  # short execs per run
-LONG_N = 20  # long commands per run
-LONG_CMD_SEC = 1.0
-CONCURRENCY = 20
 RUNS = 3
-#: Commands that failed (the server's local sandboxes occasionally die on a loaded machine).
-ERRORS = {"ours": 0, "sdk": 0}
 
 
 # --- the server, in a subprocess -----------------------------------------------------------
@@ -96,134 +92,302 @@ def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
-# --- (a) ours vs the SDK ------------------------------------------------------------------------
+# --- (a) client CPU per call: ours vs the SDK's AsyncSandbox and slime's exec_and_wait ----------
+#
+# Each measurement runs in a fresh interpreter (``python -c "...; b._child(...)"``), so one
+# client's threads, pools and garbage never land in another's figure; the child prints the CPU
+# seconds per call (``time.process_time``: every thread of the process, so the SDK's Rust
+# runtime counts too).
+
+SEQ_N = 150  # sequential short execs per run
+CONC = 64  # concurrent short-exec callers
+CONC_N = 320  # short execs per run at CONC concurrent
+DETACHED_N = 16  # concurrent detached calls per run
+DETACHED_SEC = 1.0
 
 
-def ours_cpu(info: dict[str, str]) -> tuple[float, float, float]:
-    """CPU seconds per short exec, per exec_and_wait and per one-stream long exec, ours."""
+def _child_env(info: dict[str, str]) -> dict[str, str]:
+    return {
+        **os.environ,
+        "E2B_API_KEY": info["api_key"],
+        "E2B_API_URL": info["api_url"],
+        "E2B_SANDBOX_URL": info["sandbox_url"],
+        "E2B_DOMAIN": "localhost",
+        "SSL_CERT_FILE": info["ca_path"],
+        "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+
+
+def _run_child(info: dict[str, str], who: str, what: str) -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import bench.bench_e2b as b; b._child({who!r}, {what!r})"],
+        cwd=ROOT,
+        env=_child_env(info),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{who}/{what} failed:\n{proc.stderr[-3000:]}")
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    if proc.stderr.strip() and os.environ.get("TRIO_SWE_BENCH_PROFILE"):
+        print(proc.stderr, end="")
+    return out
+
+
+def _profiled() -> Any:
+    """A cProfile.Profile when ``TRIO_SWE_BENCH_PROFILE=1`` (the profile goes to stderr)."""
+    if not os.environ.get("TRIO_SWE_BENCH_PROFILE"):
+        return None
+    import cProfile
+
+    return cProfile.Profile(time.thread_time)  # CPU of this thread, not time spent waiting
+
+
+_FAMILIES = [
+    ("trio_swe._h2", "trio_swe/sandbox/e2b/_h2"),
+    ("trio_swe (ours, rest)", "trio_swe/"),
+    ("httpx", "/httpx/"),
+    ("httpcore", "/httpcore/"),
+    ("h2 (state machine)", "/h2/"),
+    ("hpack", "/hpack/"),
+    ("hyperframe", "/hyperframe/"),
+    ("trio", "/trio/"),
+    ("ssl", "ssl.py"),
+    ("msgspec", "msgspec"),
+    ("e2b SDK", "/e2b/"),
+    ("connectrpc", "/connectrpc/"),
+    ("pyqwest", "/pyqwest/"),
+    ("asyncio", "/asyncio/"),
+]
+
+
+def _profile_report(prof: Any, calls: int) -> None:
+    """Own time (tottime) per library family, in ms per call, to stderr."""
+    import pstats
+
+    stats = pstats.Stats(prof, stream=sys.stderr)
+    fams: dict[str, float] = {}
+    total = 0.0
+    for (path, _line, name), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        total += tt
+        fam = "other (builtins, stdlib)"
+        if path == "~":  # a builtin: charge it to itself ("<method 'send' of '_ssl..'>")
+            fam = "ssl" if "_ssl" in name or "SSL" in name else fam
+        for label, needle in _FAMILIES:
+            if needle in path:
+                fam = label
+                break
+        fams[fam] = fams.get(fam, 0.0) + tt
+    print(
+        f"    profile (own time per library, ms per call; total {total / calls * 1e3:.2f})",
+        file=sys.stderr,
+    )
+    for fam, tt in sorted(fams.items(), key=lambda kv: -kv[1]):
+        print(f"      {fam:28} {tt / calls * 1e3:7.3f}  {tt / total:6.1%}", file=sys.stderr)
+    if os.environ.get("TRIO_SWE_BENCH_PROFILE") == "2":
+        stats.sort_stats("tottime").print_stats(40)
+
+
+def _child(who: str, what: str) -> None:
+    fn = {"ours": _ours, "sdk": _sdk, "slime": _slime}[who]
+    print(json.dumps(fn(what)), flush=True)
+
+
+def _ours(what: str) -> dict[str, Any]:
     from trio_swe import exec_and_wait, open_sandbox
     from trio_swe.sandbox.e2b import E2BBackend
 
-    async def main() -> tuple[float, float, float]:
+    async def main() -> dict[str, Any]:
+        errors = 0
         async with (
-            E2BBackend(
-                api_key=info["api_key"],
-                api_url=info["api_url"],
-                sandbox_url=info["sandbox_url"],
-                verify=info["ca_path"],
-            ) as backend,
+            E2BBackend() as backend,  # configured from E2B_* and SSL_CERT_FILE, like the SDK
             open_sandbox(backend, "base", workdir="/tmp") as sb,
         ):
-            await sb.exec("true")  # warm the connection
+            for _ in range(3):
+                await sb.exec("true")  # warm the connection
 
-            async def shorts(k: int) -> None:
-                for _ in range(SHORT_N // CONCURRENCY):
+            async def short(n: int) -> None:
+                nonlocal errors
+                for _ in range(n):
                     try:
-                        ERRORS["ours"] += (await sb.exec("true")).exit_code != 0
+                        errors += (await sb.exec("true")).exit_code != 0
                     except Exception:
-                        ERRORS["ours"] += 1
+                        errors += 1
 
-            c0 = _cpu()
-            async with trio.open_nursery() as n:
-                for k in range(CONCURRENCY):
-                    n.start_soon(shorts, k)
-            short = (_cpu() - c0) / SHORT_N
-
-            async def detached(k: int) -> None:
+            async def detached() -> None:
+                nonlocal errors
                 try:
-                    r = await exec_and_wait(sb, f"sleep {LONG_CMD_SEC}", time_budget_sec=60)
-                    ERRORS["ours"] += r.exit_code != 0
+                    r = await exec_and_wait(sb, f"sleep {DETACHED_SEC}", time_budget_sec=120)
+                    errors += r.exit_code != 0
                 except Exception:
-                    ERRORS["ours"] += 1
+                    errors += 1
 
+            prof = _profiled()
             c0 = _cpu()
-            async with trio.open_nursery() as n:
-                for k in range(LONG_N):
-                    n.start_soon(detached, k)
-            long_detached = (_cpu() - c0) / LONG_N
-
-            async def streamed(k: int) -> None:
-                try:
-                    r = await sb.exec(f"sleep {LONG_CMD_SEC}", timeout=60)
-                    ERRORS["ours"] += r.exit_code != 0
-                except Exception:
-                    ERRORS["ours"] += 1
-
-            c0 = _cpu()
-            async with trio.open_nursery() as n:
-                for k in range(LONG_N):
-                    n.start_soon(streamed, k)
-            return short, long_detached, (_cpu() - c0) / LONG_N
+            if prof is not None:
+                prof.enable()
+            if what == "seq":
+                calls = SEQ_N
+                await short(SEQ_N)
+            elif what == "conc":
+                calls = CONC_N
+                async with trio.open_nursery() as n:
+                    for _ in range(CONC):
+                        n.start_soon(short, CONC_N // CONC)
+            else:
+                calls = DETACHED_N
+                async with trio.open_nursery() as n:
+                    for _ in range(DETACHED_N):
+                        n.start_soon(detached)
+            if prof is not None:
+                prof.disable()
+            cpu = (_cpu() - c0) / calls
+        if prof is not None:
+            _profile_report(prof, calls)
+        return {"cpu": cpu, "errors": errors}
 
     return trio.run(main)
 
 
-def sdk_cpu(info: dict[str, str]) -> tuple[float, float]:
-    """The same with the official SDK's sync Sandbox in threads (TLS h2)."""
-    os.environ["SSL_CERT_FILE"] = info["ca_path"]
-    from e2b import Sandbox
+def _sdk(what: str) -> dict[str, Any]:
+    """The official SDK's AsyncSandbox under asyncio, the way its users drive it."""
+    import asyncio
 
-    sb = Sandbox.create(
-        "base", api_key=info["api_key"], api_url=info["api_url"], sandbox_url=info["sandbox_url"]
-    )
-    sb.commands.run("true", cwd="/tmp")
-    with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
+    from e2b import AsyncSandbox
 
-        def shorts(k: int) -> None:
-            for _ in range(SHORT_N // CONCURRENCY):
+    async def main() -> dict[str, Any]:
+        errors = 0
+        sb = await AsyncSandbox.create("base", timeout=600)
+        try:
+            for _ in range(3):
+                await sb.commands.run("true", cwd="/tmp")
+
+            async def short(n: int) -> None:
+                nonlocal errors
+                for _ in range(n):
+                    try:
+                        errors += (await sb.commands.run("true", cwd="/tmp")).exit_code != 0
+                    except Exception:
+                        errors += 1
+
+            prof = _profiled()
+            c0 = _cpu()
+            if prof is not None:
+                prof.enable()
+            if what == "seq":
+                calls = SEQ_N
+                await short(SEQ_N)
+            else:
+                calls = CONC_N
+                await asyncio.gather(*(short(CONC_N // CONC) for _ in range(CONC)))
+            if prof is not None:
+                prof.disable()
+            cpu = (_cpu() - c0) / calls
+        finally:
+            await sb.kill()
+        if prof is not None:
+            _profile_report(prof, calls)
+        return {"cpu": cpu, "errors": errors}
+
+    return asyncio.run(main())
+
+
+def _load_slime_sandbox() -> Any:
+    """slime's own ``slime/agent/sandbox.py``, loaded from ``$TRIO_SWE_SLIME_DIR`` (not copied)."""
+    import importlib.util
+
+    root = os.environ.get("TRIO_SWE_SLIME_DIR")
+    if not root:
+        return None
+    path = Path(root) / "slime" / "agent" / "sandbox.py"
+    spec = importlib.util.spec_from_file_location("_slime_agent_sandbox", path)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load {path}")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _slime(what: str) -> dict[str, Any]:
+    """slime's ``exec_and_wait`` over its ``E2BSandbox`` (the SDK's AsyncSandbox) on asyncio."""
+    import asyncio
+    import uuid
+
+    slime = _load_slime_sandbox()
+    os.environ.setdefault("SLIME_AGENT_SANDBOX_IMAGE_METADATA_KEY", "bench/image")
+
+    async def main() -> dict[str, Any]:
+        errors = 0
+        async with slime.E2BSandbox("base", timeout=600) as sb:
+            await sb.exec("true")
+
+            async def detached() -> None:
+                nonlocal errors
                 try:
-                    sb.commands.run("true", cwd="/tmp")
+                    code, _ = await slime.exec_and_wait(
+                        sb,
+                        cmd=f"sleep {DETACHED_SEC}",
+                        time_budget_sec=120,
+                        tag=f"bench-{uuid.uuid4().hex}",
+                    )
+                    errors += code != 0
                 except Exception:
-                    ERRORS["sdk"] += 1
+                    errors += 1
 
-        c0 = _cpu()
-        list(pool.map(shorts, range(CONCURRENCY)))
-        short = (_cpu() - c0) / SHORT_N
+            prof = _profiled()
+            c0 = _cpu()
+            if prof is not None:
+                prof.enable()
+            await asyncio.gather(*(detached() for _ in range(DETACHED_N)))
+            if prof is not None:
+                prof.disable()
+            cpu = (_cpu() - c0) / DETACHED_N
+        if prof is not None:
+            _profile_report(prof, DETACHED_N)
+        return {"cpu": cpu, "errors": errors}
 
-        def long(k: int) -> None:
-            # The SDK's way to wait for a long command: one stream, no deadline.
-            try:
-                sb.commands.run(f"sleep {LONG_CMD_SEC}", cwd="/tmp", timeout=0)
-            except Exception:
-                ERRORS["sdk"] += 1
-
-        c0 = _cpu()
-        list(pool.map(long, range(LONG_N)))
-        result = short, (_cpu() - c0) / LONG_N
-    sb.kill()
-    return result
+    return asyncio.run(main())
 
 
 def bench_cpu(info: dict[str, str]) -> None:
-    ours: list[tuple[float, float, float]] = []
-    sdk: list[tuple[float, float]] = []
-    for _ in range(RUNS):
-        ours.append(ours_cpu(info))
-        sdk.append(sdk_cpu(info))
-    o_short = statistics.median(x[0] for x in ours)
-    o_long = statistics.median(x[1] for x in ours)
-    o_stream = statistics.median(x[2] for x in ours)
-    s_short = statistics.median(x[0] for x in sdk)
-    s_long = statistics.median(x[1] for x in sdk)
-    print(f"(a) client CPU per command, median of {RUNS} runs, {CONCURRENCY} concurrent, TLS h2")
-    print(f"    {'':34} {'trio_swe':>10} {'e2b SDK':>10} {'ratio':>7}")
+    runs = int(os.environ.get("TRIO_SWE_BENCH_RUNS", RUNS))
+    slime_dir = os.environ.get("TRIO_SWE_SLIME_DIR")
+    rows: list[tuple[str, str, str, str]] = [
+        (f"short exec, sequential (x{SEQ_N})", "ours", "sdk", "seq"),
+        (f"short exec, {CONC} concurrent (x{CONC_N})", "ours", "sdk", "conc"),
+    ]
     print(
-        f"    {'short exec (true), ms CPU':34} {o_short * 1e3:10.2f} {s_short * 1e3:10.2f} "
-        f"{o_short / s_short:7.2f}"
+        f"(a) client CPU per call, ms, median of {runs} runs (each client in its own process), "
+        "TLS + HTTP/2, one local server"
     )
-    print(
-        f"    {f'long command ({LONG_CMD_SEC:.0f} s), exec_and_wait':34} {o_long * 1e3:10.2f} "
-        f"{s_long * 1e3:10.2f} {o_long / s_long:7.2f}"
-    )
-    print(
-        f"    {f'long command ({LONG_CMD_SEC:.0f} s), one stream':34} {o_stream * 1e3:10.2f} "
-        f"{s_long * 1e3:10.2f} {o_stream / s_long:7.2f}"
-    )
-    print(
-        "    (ours: exec_and_wait = write + spawn + long-poll + cleanup RPCs, or one "
-        "exec stream; SDK: commands.run(timeout=0), one stream)"
-    )
-    print(f"    failed commands: ours {ERRORS['ours']}, SDK {ERRORS['sdk']}")
+    print(f"    {'':40} {'trio_swe':>9} {'peer':>9} {'ratio':>6}  peer")
+    errors = {"ours": 0, "peer": 0}
+
+    def row(label: str, peer: str, what: str, peer_name: str) -> None:
+        ours, theirs = [], []
+        for _ in range(runs):  # interleaved, so drifting machine load hits both alike
+            o = _run_child(info, "ours", what)
+            t = _run_child(info, peer, what)
+            ours.append(o["cpu"])
+            theirs.append(t["cpu"])
+            errors["ours"] += o["errors"]
+            errors["peer"] += t["errors"]
+        mo, mt = statistics.median(ours), statistics.median(theirs)
+        print(
+            f"    {label:40} {mo * 1e3:9.3f} {mt * 1e3:9.3f} {mo / mt:6.2f}  {peer_name}",
+            flush=True,
+        )
+
+    for label, _, peer, what in rows:
+        row(label, peer, what, "e2b SDK AsyncSandbox (asyncio)")
+    detached_label = f"detached `sleep {DETACHED_SEC:g}`, {DETACHED_N} concurrent"
+    if slime_dir:
+        row(detached_label, "slime", "detached", "slime exec_and_wait (AsyncSandbox)")
+    else:
+        print(f"    {detached_label:40} skipped: set TRIO_SWE_SLIME_DIR to a slime checkout")
+    print(f"    failed calls: trio_swe {errors['ours']}, peers {errors['peer']}")
+    print("    goal (issue 13.1): every ratio <= 0.50")
 
 
 # --- (b) many sandboxes -----------------------------------------------------------------------
@@ -293,6 +457,8 @@ def bench_many(info: dict[str, str]) -> None:
 def main() -> None:
     with Server() as info:
         bench_cpu(info)
+    if os.environ.get("TRIO_SWE_BENCH_E2B_CPU_ONLY") == "1":
+        return
     with Server() as info:
         bench_many(info)
 
