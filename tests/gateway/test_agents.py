@@ -131,6 +131,9 @@ async def test_cli_reads_edits_finishes_token_exact_reaching_only_the_gateway(
         assert family == "AF_INET", where
         assert f"htons({FORWARD_PORT})" in where, where
         assert 'inet_addr("127.0.0.1")' in where, where
+    # Nothing asked the gateway for anything but the API (opencode's npm look-ups, which
+    # its registry setting would send there, are off by configuration: none arrive).
+    assert cli.last_gateway.statistics().by_status.get(404, 0) == 0
     session = cli.last_session
     stats = session.statistics()
     outputs = [t for t in SCRIPTS[agent] if t != "(primer)"]
@@ -144,23 +147,29 @@ async def test_cli_reads_edits_finishes_token_exact_reaching_only_the_gateway(
     assert_token_exact(sample, turns, outputs, session.conversations()[0], session.tools()[0])
 
 
+@pytest.mark.parametrize("instance", ["demo__calc-1", "demo__greet-1"])
 @pytest.mark.parametrize("agent", AGENTS)
-async def test_cli_demo_episode(agent: str, tmp_path: Path) -> None:
+async def test_cli_demo_episode(agent: str, instance: str, tmp_path: Path) -> None:
+    """A demo episode; ``greet`` is scripted to overrun the budget (``sleep 600``, repeated
+    while the CLI's shell tool hands control back early): reward 0, whatever the CLI."""
     await ensure_installed(agent)
     _, mds, backend = build_demo(tmp_path)
-    inst = next(i for i in DEMO_INSTANCES if i.instance_id == "demo__calc-1")
+    inst = next(i for i in DEMO_INSTANCES if i.instance_id == instance)
     md = next(m for m in mds if m.instance_id == inst.instance_id)
+    budget = 40.0 if inst.times_out else 180.0
     async with scripted_policy({inst.instance_id: cli_script(agent, inst)}) as (_, policy):
         cli = CliAgent(agent, policy=policy, tokenizer=qwen3_tokenizer())
         result = await run_episode(
             md,
             cli,
             backend=backend,
-            config=demo_config(agent_time_budget_sec=180.0, max_context_tokens=65536),
+            config=demo_config(agent_time_budget_sec=budget, max_context_tokens=65536),
             sampling_params={"max_new_tokens": 1024},
         )
-    assert result.status == "completed", (result.abort_reason, result.error, result.agent_output)
-    assert result.reward == 1.0
+    expected = "truncated" if inst.times_out else "completed"
+    assert result.status == expected, (result.abort_reason, result.error, result.agent_output)
+    assert result.reward == inst.expected_reward
+    assert (result.agent_finish == "time_budget") == inst.times_out, result.agent_finish
     assert len(result.samples) == 1
     assert result.samples[0].metadata["trajectory"]["turn_kinds"][0] == "start"
 

@@ -4,7 +4,7 @@ each API's shapes, history matching, bad input, faults, many sessions."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -54,6 +54,16 @@ async def gateway(
 
 def chat_body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
     return {"model": "m", "messages": messages, "tools": [READ], **extra}
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Wait until ``condition()`` holds: every task blocked is not enough, as the gateway
+    tokenizes in worker threads, so it is checked again each time things settle."""
+    with trio.fail_after(60):
+        while not condition():
+            await trio.testing.wait_all_tasks_blocked()
+            if not condition():
+                await trio.sleep(0.002)
 
 
 def sse_data(text: str) -> list[Any]:
@@ -445,12 +455,9 @@ async def test_client_disconnect_aborts_the_generation() -> None:
                     )
 
                 nursery.start_soon(request)
-                # Everything in this process (client, gateway, policy server) is idle once the
-                # generation is pending.
-                await trio.testing.wait_all_tasks_blocked()
-                assert server.statistics().active == 1
+                await until(lambda: server.statistics().active == 1)  # generation pending
                 nursery.cancel_scope.cancel()  # the client goes away mid-generation
-            await trio.testing.wait_all_tasks_blocked()
+            await until(lambda: server.statistics().aborts == 1)
         assert not scope.cancelled_caught
         assert server.statistics().aborts == 1
         assert session.statistics().turns == 0

@@ -166,10 +166,30 @@ def _opencode_env(c: CliContext) -> dict[str, str]:
         "OPENCODE_DISABLE_LSP_DOWNLOAD": "1",
         "OPENCODE_DISABLE_DEFAULT_PLUGINS": "1",
         "OPENCODE_DISABLE_SHARE": "1",
-        # opencode looks plugins up on the npm registry even so: point it at the gateway,
-        # which answers 404 (and counts the attempt) instead of letting it out.
+        # Should opencode still look a package up (see _opencode_files), it asks the
+        # gateway, which answers 404 and counts it (the agents' tests assert none).
         "NPM_CONFIG_REGISTRY": c.base_url + "/npm-registry/",
         "npm_config_registry": c.base_url + "/npm-registry/",
+    }
+
+
+#: The plugin SDK opencode installs into each of its config directories at start-up.
+_OPENCODE_PLUGIN_SDK = "@opencode-ai/plugin"
+
+
+def _opencode_files(c: CliContext) -> dict[str, str]:
+    # At start-up opencode (1.18.33) installs its plugin SDK into every config directory
+    # (``$XDG_CONFIG_HOME/opencode``, ``.opencode``) from the npm registry, unless that
+    # directory already has a ``node_modules`` and a lockfile that lists every dependency it
+    # would add; no variable turns that off (OPENCODE_DISABLE_DEFAULT_PLUGINS does not). So
+    # the fresh config directory is written as already provided: nothing is fetched (the
+    # SDK is only imported by local plugins, and there are none).
+    sdk = {_OPENCODE_PLUGIN_SDK: "*"}
+    lock = {"lockfileVersion": 3, "requires": True, "packages": {"": {"dependencies": sdk}}}
+    return {
+        ".config/opencode/package.json": json.dumps({"dependencies": sdk}),
+        ".config/opencode/package-lock.json": json.dumps(lock),
+        ".config/opencode/node_modules/.keep": "",
     }
 
 
@@ -233,7 +253,7 @@ CLI_AGENTS: dict[str, CliSpec] = {
         CliSpec(
             name="opencode",
             api="chat",
-            files=lambda c: {},
+            files=_opencode_files,
             env=_opencode_env,
             argv=lambda c, p: [c.exe, "run", "--pure", "--format", "json", "--auto", p],
         ),
@@ -344,6 +364,7 @@ class CliAgent(BaseAgent):
         self.own_policy = own_policy
         self.wrapper = list(wrapper)
         self.last_session: Any = None  # the last episode's GatewaySession (for tests, tools)
+        self.last_gateway: Any = None  # and the gateway that served it
 
     async def aclose(self) -> None:
         """Close the policy's client when this agent owns it."""
@@ -391,6 +412,7 @@ class CliAgent(BaseAgent):
             ) as session,
         ):
             self.last_session = session
+            self.last_gateway = gw
             home = f"/tmp/.trio-swe-agent-{uuid.uuid4().hex[:12]}"
             if network and gw.url is not None:
                 base_url, forward = gw.url, None

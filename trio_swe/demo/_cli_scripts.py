@@ -97,7 +97,7 @@ def cli_script(
         else:
             body = _say(model, reasoning, ToolCall(tool, {arg: command}))
         if isinstance(step, ScriptedCompletion):
-            out.append(ScriptedCompletion(body, delay_sec=step.delay_sec))
+            out.append(ScriptedCompletion(body, delay_sec=step.delay_sec, repeat=step.repeat))
         else:
             out.append(body)
     return out

@@ -327,7 +327,11 @@ DEMO_INSTANCES: tuple[DemoInstance, ...] = (
         test_file="test_greet.py",
         fixed={"greet.py": _GREET.replace('"?"', '"!"')},
         script=(
-            _bash("First, a very long investigation.", "sleep 600"),
+            # Repeated: a CLI whose shell tool hands control back early (Codex yields after
+            # 30 s) is sent back to it, so the budget is overrun with every agent.
+            ScriptedCompletion(
+                _bash("First, a very long investigation.", "sleep 600"), repeat=True
+            ),
             _bash("Fix the punctuation.", 'sed -i \'s/"?"/"!"/\' greet.py'),
             _SUBMIT,
         ),

@@ -90,11 +90,17 @@ class ScriptedCompletion(msgspec.Struct, frozen=True):
 
     ``token_ids``, when set, are returned as they are instead of the encoded text (to play a
     broken policy, e.g. ids outside the vocabulary).
+
+    ``repeat``: this completion answers its own turn and every later one (a model stuck doing
+    the same thing), so an episode scripted to overrun its time budget overruns it whatever
+    the agent's per-call tool timeout returns control after (Codex's ``exec_command`` yields
+    after at most 30 s; a loop of such calls still fills the budget).
     """
 
     text: str
     delay_sec: float = 0.0
     token_ids: tuple[int, ...] | None = None
+    repeat: bool = False
 
 
 def model_format(model: ChatModel, text: str) -> str:
@@ -163,8 +169,9 @@ class ScriptedPolicyServer:
         match = self._key_re.search(prompt)
         script = self._scripts.get(match.group(1), []) if match else []
         turn = max(prompt.count(self._turn_marker) - 1, 0)
-        if turn < len(script):
-            return script[turn]
+        for i, completion in enumerate(script[: turn + 1]):
+            if i == turn or completion.repeat:
+                return completion
         return ScriptedCompletion(self._fallback)
 
     async def _generate(self, body: bytes) -> tuple[int, bytes]:

@@ -13,6 +13,7 @@ import logging
 import os
 import secrets
 import socket as _socket
+import threading
 from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
@@ -24,6 +25,7 @@ from collections.abc import (
     Sequence,
 )
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -135,6 +137,7 @@ class Gateway:
         model_name: str,
         max_body_bytes: int,
         max_sessions: int,
+        tokenizer_threads: int = 2,
     ) -> None:
         self.policy = policy
         self.tokenizer = tokenizer
@@ -147,6 +150,11 @@ class Gateway:
         self.unix_socket: str | None = None
         self._sessions: dict[str, GatewaySession] = {}
         self._models: OrderedDict[str, ChatModel] = OrderedDict()
+        self._models_lock = threading.Lock()  # chat_model() runs in tokenizing threads
+        #: Rendering and tokenizing run in worker threads, at most this many at once (0: on
+        #: the trio thread), so a long prompt never stalls the other sessions' streams.
+        self.tokenizer_threads = tokenizer_threads
+        self._limiter = trio.CapacityLimiter(max(tokenizer_threads, 1))
         self._stats: dict[str, Any] = {
             "requests": 0,
             "sessions_total": 0,
@@ -216,21 +224,28 @@ class Gateway:
             TemplateError: the chat template cannot render these tools.
         """
         key = json.dumps(tools, sort_keys=True)
-        model = self._models.get(key)
-        if model is None:
-            model = ChatModel(
-                self.tokenizer,
-                tools=tools,
-                tool_parser=self.tool_parser,
-                template_kwargs=self.template_kwargs,
-            )
-            self._models[key] = model
-            self._stats["chat_models"] += 1
-            while len(self._models) > 64:
-                self._models.popitem(last=False)
-        else:
-            self._models.move_to_end(key)
-        return model
+        with self._models_lock:
+            model = self._models.get(key)
+            if model is None:
+                model = ChatModel(
+                    self.tokenizer,
+                    tools=tools,
+                    tool_parser=self.tool_parser,
+                    template_kwargs=self.template_kwargs,
+                )
+                self._models[key] = model
+                self._stats["chat_models"] += 1
+                while len(self._models) > 64:
+                    self._models.popitem(last=False)
+            else:
+                self._models.move_to_end(key)
+            return model
+
+    async def off_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in a tokenizing thread (see ``tokenizer_threads``)."""
+        if not self.tokenizer_threads:
+            return fn(*args)
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
 
     def statistics(self) -> GatewayStatistics:
         """See :class:`GatewayStatistics`."""
@@ -405,14 +420,19 @@ class _Exchange:
         body = await self.read_body()
         handle = self.session()
         conv = _anthropic.parse_request(body)
-        try:
+
+        def count() -> int:
             model = handle.session._model_for(conv.tools)
-            ids = model.encode(
-                model.render([m.template_dict() for m in conv.messages], add_generation_prompt=True)
+            text = model.render(
+                [m.template_dict() for m in conv.messages], add_generation_prompt=True
             )
+            return len(model.encode(text))
+
+        try:
+            n = await self.gw.off_thread(count)
         except ConfigError as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
-        await self.json(200, _anthropic.count_tokens_body(len(ids)))
+        await self.json(200, _anthropic.count_tokens_body(n))
 
     async def generate(self, api: str) -> None:
         body = await self.read_body()
@@ -425,7 +445,9 @@ class _Exchange:
         else:
             conv = _chat.parse_request(body)
         session = handle.session
-        pending = session.prepare(conv)
+        # Matching on this thread; rendering and tokenizing the new messages in a worker.
+        pending = await self.gw.off_thread(session.build, session.place(conv))
+        session.count(pending)
         if pending.overflow:
             session.record_overflow(pending)
             n, limit = len(pending.prompt_ids), session.max_context_tokens
@@ -450,7 +472,9 @@ class _Exchange:
                 "overloaded",
                 "the policy aborted the generation; retry",
             )
-        draft = session.draft(pending, output, model_name=self.gw.model_name)
+        draft = await self.gw.off_thread(
+            partial(session.draft, pending, output, model_name=self.gw.model_name)
+        )
         # Recorded before it is sent: the client may send its next request the moment it has
         # the reply, and that request must find this turn. (A client that drops the reply and
         # asks again branches off the previous turn, as any rewrite does.)
@@ -559,6 +583,7 @@ async def open_gateway(
     model_name: str = "trio-swe-policy",
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_sessions: int = 4096,
+    tokenizer_threads: int = 2,
 ) -> AsyncIterator[Gateway]:
     """Serve the recording gateway for the block's duration.
 
@@ -574,6 +599,8 @@ async def open_gateway(
         model_name: the model name reported to clients.
         max_body_bytes: cap of a request body (413 above it).
         max_sessions: cap of sessions open at once.
+        tokenizer_threads: worker threads that render and tokenize requests (0: on the trio
+            thread, which then stalls every other session while it tokenizes).
     """
     try:
         from hypercorn.config import Config
@@ -589,6 +616,7 @@ async def open_gateway(
         model_name=model_name,
         max_body_bytes=max_body_bytes,
         max_sessions=max_sessions,
+        tokenizer_threads=tokenizer_threads,
     )
     config = Config()
     config.accesslog = None

@@ -38,7 +38,7 @@ from ..models import ChatModel, NotAppendOnlyError, TokenHistory
 from ..trajectory import TurnRecord
 from ._common import ApiError, Conversation, Message, Reply, ReplyToolCall, call_id, new_ref
 
-__all__ = ["Draft", "Pending", "Session", "SessionStatistics"]
+__all__ = ["Draft", "Pending", "Placement", "Session", "SessionStatistics"]
 
 #: Default cap of one turn's sampled tokens when the trainer's params name none.
 DEFAULT_MAX_NEW_TOKENS = 4096
@@ -111,6 +111,20 @@ class Pending(msgspec.Struct, kw_only=True):
     forked: bool = False
     side: bool = False
     tip: int = 0  # the chain's turn count when placed (another request may extend it first)
+    delta_tokens: int = 0
+    rendered_tokens: int = 0
+
+
+class Placement(msgspec.Struct, kw_only=True):
+    """Where :meth:`Session.place` put a request, and what :meth:`Session.build` reads of it."""
+
+    conversation: Conversation
+    side: bool
+    chain: Any = None  # the best-matching chain, or None
+    matched: int = 0  # leading messages of the request that match its transcript
+    history: Any = None  # the chain's history when placed
+    transcript_length: int = 0
+    boundaries: tuple[int, ...] = ()
 
 
 class Draft(msgspec.Struct, kw_only=True):
@@ -216,38 +230,78 @@ class Session:
     def prepare(self, conv: Conversation) -> Pending:
         """Place ``conv`` on a chain and build its prompt; nothing is recorded yet.
 
+        :meth:`place`, :meth:`build` and :meth:`count` in one call (the gateway runs
+        :meth:`build`, the rendering and tokenizing, in a worker thread).
+
         Raises:
             ApiError: the chat template cannot render the tools or messages (400), or the
                 session is over its turn limit.
+        """
+        pending = self.build(self.place(conv))
+        self.count(pending)
+        return pending
+
+    def place(self, conv: Conversation) -> Placement:
+        """Match ``conv``'s history against the chains (cheap: comparisons, no tokenizing).
+
+        Raises:
+            ApiError: the session is over its turn limit (429).
         """
         if self._stats["turns"] + self._stats["side_turns"] >= self.max_turns:
             raise ApiError(429, "overloaded", f"session {self.session_id!r}: turn limit reached")
         self._stats["requests"] += 1
         side = not conv.tools
-        incoming = conv.messages
         best: _Chain | None = None
         best_n = 0
         for chain in self._chains:
             if chain.side != side or not chain.boundaries:
                 continue
-            n = _matched(chain.transcript, incoming)
+            n = _matched(chain.transcript, conv.messages)
             if n > best_n or (n == best_n and best is not None and n > 0):
                 best, best_n = chain, n
+        # What build() reads of the chain, taken now: a chain's history and transcript are
+        # replaced (never changed in place) when a turn is recorded, so this stays whole
+        # while build() runs in a worker thread.
+        if best is None:
+            return Placement(conversation=conv, side=side)
+        return Placement(
+            conversation=conv,
+            side=side,
+            chain=best,
+            matched=best_n,
+            history=best.history,
+            transcript_length=len(best.transcript),
+            boundaries=tuple(best.boundaries),
+        )
+
+    def build(self, placement: Placement) -> Pending:
+        """Render and tokenize the prompt of a placed request: the chain's tokens + the delta
+        of the new messages, or a new chain rendered whole. Touches no session state, so it
+        may run in a worker thread (the gateway's tokenizing threads).
+
+        Raises:
+            ApiError: the chat template cannot render the tools or messages (400).
+        """
+        conv, side, best = placement.conversation, placement.side, placement.chain
+        best_n, boundaries = placement.matched, placement.boundaries
+        incoming = conv.messages
         try:
             model = self._model_for(conv.tools)
             if (
                 best is not None
-                and best_n == len(best.transcript)
-                and best.boundaries[-1] == best_n
+                and best_n == placement.transcript_length
+                and boundaries[-1] == best_n
             ):
                 new = incoming[best_n:]
                 if new:
                     try:
-                        history = best.history.copy()
+                        history = placement.history.copy()
                         before = len(history.ids)
                         history.append_messages([m.template_dict() for m in new])
-                        pending = self._pending(conv, history, chain=best, side=side)
-                        self._stats["delta_tokens"] += len(history.ids) - before
+                        pending = self._pending(
+                            conv, history, chain=best, side=side, tip=len(boundaries)
+                        )
+                        pending.delta_tokens = len(history.ids) - before
                         return pending
                     except NotAppendOnlyError:
                         pass  # the template re-renders earlier turns: fork below
@@ -255,19 +309,26 @@ class Session:
             # client's rest, rendered whole.
             k = 0
             if best is not None and best_n > 0:
-                k = max((b for b in best.boundaries if b <= best_n), default=0)
+                k = max((b for b in boundaries if b <= best_n), default=0)
             forked = k > 0
             prefix: list[dict[str, Any]] = []
-            if best is not None and k:
+            if k:
                 # The history's messages are aligned with the transcript, one for one.
-                prefix = [dict(m) for m in best.history.messages[:k]]
+                prefix = [dict(m) for m in placement.history.messages[:k]]
             rest = incoming[k:]
             messages = prefix + [m.template_dict() for m in rest]
             history = model.start(messages)
         except ConfigError as exc:  # tools or messages the chat template cannot render
             raise ApiError(400, "invalid_request", str(exc)) from exc
-        self._stats["rendered_tokens"] += len(history.ids)
-        return self._pending(conv, history, chain=None, side=side, forked=forked)
+        pending = self._pending(conv, history, chain=None, side=side, forked=forked)
+        pending.rendered_tokens = len(history.ids)
+        return pending
+
+    def count(self, pending: Pending) -> None:
+        """Count the tokens :meth:`build` rendered (on the session's own thread)."""
+        if pending.chain is not None:
+            self._stats["delta_tokens"] += pending.delta_tokens
+        self._stats["rendered_tokens"] += pending.rendered_tokens
 
     def _pending(
         self,
@@ -277,6 +338,7 @@ class Session:
         chain: _Chain | None,
         side: bool,
         forked: bool = False,
+        tip: int = 0,
     ) -> Pending:
         params = dict(self.sampling_params)
         cap = int(params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
@@ -303,7 +365,7 @@ class Session:
             transcript=list(conv.messages),
             forked=forked,
             side=side,
-            tip=len(chain.boundaries) if chain is not None else 0,
+            tip=tip,
         )
 
     # -- recording ------------------------------------------------------------------------
