@@ -23,12 +23,13 @@ import statistics
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import trio
 
 from trio_swe import ExecResult, Sandbox, exec_and_wait, open_sandbox
+from trio_swe.sandbox import SandboxStatistics
 from trio_swe.sandbox.local import LocalBackend
 
 DURATION = float(os.environ.get("BENCH_DETACHED_SEC", "10"))
@@ -70,7 +71,7 @@ class Counting:
     async def kill(self) -> None:
         await self._sb.kill()
 
-    def statistics(self) -> Mapping[str, Any]:
+    def statistics(self) -> SandboxStatistics:
         return self._sb.statistics()
 
 

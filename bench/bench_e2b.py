@@ -416,7 +416,7 @@ def bench_many(info: dict[str, str]) -> None:
                         r = await exec_and_wait(sb, f"sleep {sec}", time_budget_sec=sec + 120)
                         if r.exit_code != 0:
                             errors.append(f"{i}: {r}")
-                        rpcs.append(int(sb.statistics()["rpcs"]))
+                        rpcs.append(int(sb.statistics().rpcs))
                 except Exception as exc:
                     errors.append(f"{i}: {exc!r}")
 
@@ -439,7 +439,7 @@ def bench_many(info: dict[str, str]) -> None:
     out = trio.run(main)
     rest_calls = 2  # create + kill per sandbox
     per_cmd = statistics.mean(out["rpcs"]) + rest_calls if out["rpcs"] else float("nan")
-    pools = out["stats"]["pools"]
+    pools = out["stats"].pools
     print(f"(b) {n} sandboxes x one detached `sleep {sec:.0f}` (exec_and_wait), TLS h2, one origin")
     print(f"    wall time          {out['wall']:8.1f} s   (ideal {sec:.0f} s)")
     print(
@@ -449,8 +449,8 @@ def bench_many(info: dict[str, str]) -> None:
     print(f"    RPCs per command   {per_cmd:8.1f}     (envd mean + REST create/kill)")
     print(f"    errors             {len(out['errors']):8d}     {out['errors'][:3]}")
     print(
-        f"    retries {out['stats']['retries']}, resets {out['stats']['resets']}, connections "
-        + ", ".join(f"{p['connections_opened']} (peak {p['peak_streams']} streams)" for p in pools)
+        f"    retries {out['stats'].retries}, resets {out['stats'].resets}, connections "
+        + ", ".join(f"{p.connections_opened} (peak {p.peak_streams} streams)" for p in pools)
     )
 
 

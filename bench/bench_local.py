@@ -65,7 +65,7 @@ def main() -> None:
         trio.run(boot_times, backend, image)  # warm-up: overlay probe, page cache
         boots = trio.run(boot_times, backend, image)
         copies = copy_times(image, root)
-        mode = backend.statistics()["workspace_mode"]
+        mode = backend.statistics().workspace_mode
         print(f"image: {FILES} files; {RUNS} boots, {COPY_RUNS} copies; workspace mode: {mode}")
         print(f"{'':28}{'median s':>10}{'p95 s':>10}")
         print(

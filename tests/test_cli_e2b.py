@@ -107,7 +107,7 @@ async def test_run_on_the_e2b_backend_interrupted_then_resumed(tmp_path: Path) -
         assert len(r.samples) == 1
     # Nothing left on the server: every sandbox either run created was killed by the client.
     assert live == []
-    assert stats["sandboxes_created"] == stats["sandboxes_killed"], stats
+    assert stats.sandboxes_created == stats.sandboxes_killed, stats
     assert processes_mentioning(str(state)) == []
 
 

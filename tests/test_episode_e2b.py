@@ -40,4 +40,4 @@ async def test_demo_episodes_on_the_e2b_backend(tmp_path: Path) -> None:
             assert result.boot_attempts == 2
             script = [script_text(c) for c in demo.scripts[md.instance_id]]
             assert_sample_matches_script(result.samples[0], script)
-    assert local.statistics()["live"] == 0
+    assert local.statistics().live == 0

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +12,7 @@ from trio_swe import SandboxBootError, run_episode
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.grading import get_metadata
-from trio_swe.sandbox import Sandbox, SandboxSpec
+from trio_swe.sandbox import BackendStatistics, Sandbox, SandboxSpec
 from trio_swe.sandbox.local import LocalBackend
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config
@@ -29,7 +28,7 @@ class FlakyBackend:
         self.failures = failures
         self.calls = 0
 
-    def statistics(self) -> Mapping[str, Any]:
+    def statistics(self) -> BackendStatistics:
         return self.inner.statistics()
 
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
@@ -56,7 +55,7 @@ async def test_unevaluable_row_is_aborted_before_booting(tmp_path: Path) -> None
     assert result.dropped
     assert result.abort_reason == "unevaluable"
     assert result.boot_attempts == 0
-    assert backend.statistics()["created"] == 0
+    assert backend.statistics().created == 0
 
 
 async def test_boot_is_retried_then_succeeds(tmp_path: Path) -> None:

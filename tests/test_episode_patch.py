@@ -49,7 +49,7 @@ async def test_patch_round_trips_through_git_apply(make_git_repo: object, tmp_pa
         assert (await sb.read_file("/testbed/new/file.py")) == b"fresh\n"
         missing = await sb.exec("test -e gone.txt")
         assert missing.exit_code == 1
-    assert backend.statistics()["live"] == 0
+    assert backend.statistics().live == 0
 
 
 async def test_no_change_is_an_empty_patch(make_git_repo: object, tmp_path: Path) -> None:

@@ -77,8 +77,8 @@ def processes_mentioning(marker: str) -> list[int]:
 def assert_nothing_left(tmp_path: Path, backend: LocalBackend) -> None:
     """No live sandbox, no process of ours, no sandbox state directory."""
     stats = backend.statistics()
-    assert stats["live"] == 0, stats
-    assert stats["created"] == stats["killed"], stats
+    assert stats.live == 0, stats
+    assert stats.created == stats.killed, stats
     assert processes_mentioning(str(tmp_path / "state")) == []
     assert sorted((tmp_path / "state").glob("sb-*")) == []
 

@@ -145,8 +145,8 @@ def test_generate_on_e2b_across_guest_runs(
     assert after_first["connections"] == connections_after == 0
     assert live_between == []
     assert live_after == []
-    assert stats["sandboxes_created"] == 6  # agent + grading sandbox per episode
-    assert stats["sandboxes_killed"] == 6, stats
+    assert stats.sandboxes_created == 6  # agent + grading sandbox per episode
+    assert stats.sandboxes_killed == 6, stats
     (c,) = calc
     assert c.status is SlimeLikeSample.Status.COMPLETED
     assert c.reward == demo.expected_rewards["demo__calc-1"] == 1.0
@@ -227,7 +227,7 @@ def test_cancelled_generate_leaves_no_sandbox_on_the_server(
         stats = servers.call(servers.envd.statistics)
     assert len(running) == 1
     assert after == []  # killed before the cancellation completed
-    assert stats["sandboxes_created"] == stats["sandboxes_killed"] == 1, stats
+    assert stats.sandboxes_created == stats.sandboxes_killed == 1, stats
     assert connections == 0
     assert processes_mentioning(str(state)) == []
 

@@ -9,7 +9,6 @@ local backend, with a fault injected in ``kill()`` (the sandbox is really killed
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from trio_swe._errors import InternalError
 from trio_swe._groups import collapse, open_private_nursery
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
 from trio_swe.demo import open_scripted_policy_server
-from trio_swe.sandbox import Sandbox, SandboxSpec
+from trio_swe.sandbox import BackendStatistics, Sandbox, SandboxSpec
 from trio_swe.sandbox.local import LocalBackend
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config
@@ -54,7 +53,7 @@ class KillFailsBackend:
     def __init__(self, inner: LocalBackend) -> None:
         self.inner = inner
 
-    def statistics(self) -> Mapping[str, Any]:
+    def statistics(self) -> BackendStatistics:
         return self.inner.statistics()
 
     async def aclose(self) -> None:
@@ -92,7 +91,7 @@ async def test_the_callers_error_escapes_with_the_kill_failure_as_a_note(
     assert any("injected kill failure" in n and "SandboxUnreachableError" in n for n in notes)
     logged = [r.exc_info[1] for r in caplog.records if r.exc_info]
     assert any(isinstance(e, SandboxUnreachableError) for e in logged), caplog.records
-    assert backend.statistics()["live"] == 0
+    assert backend.statistics().live == 0
 
 
 async def test_a_kill_failure_after_a_clean_body_is_the_error(tmp_path: Path) -> None:
@@ -100,7 +99,7 @@ async def test_a_kill_failure_after_a_clean_body_is_the_error(tmp_path: Path) ->
     with pytest.raises(SandboxUnreachableError, match="injected kill failure"):
         async with open_sandbox(KillFailsBackend(backend), _image(tmp_path)) as sb:
             assert (await sb.exec("true")).ok
-    assert backend.statistics()["live"] == 0
+    assert backend.statistics().live == 0
 
 
 async def test_a_boot_failure_escapes_as_itself(tmp_path: Path) -> None:

@@ -45,7 +45,14 @@ from .grading import (
     run_evaluation,
 )
 from .grading._patch import diff_script
-from .sandbox import Backend, Sandbox, SandboxSpec, exec_and_wait, open_sandbox
+from .sandbox import (
+    Backend,
+    BackendStatistics,
+    Sandbox,
+    SandboxSpec,
+    exec_and_wait,
+    open_sandbox,
+)
 from .trajectory import Sample, SampleBuilder
 
 __all__ = [
@@ -192,7 +199,7 @@ class _BootingBackend:
         self.attempts = 0
         self.retries = 0
 
-    def statistics(self) -> Mapping[str, Any]:
+    def statistics(self) -> BackendStatistics:
         return self._backend.statistics()
 
     async def aclose(self) -> None:

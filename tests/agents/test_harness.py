@@ -68,7 +68,7 @@ async def test_install_retries_after_a_forced_first_failure(
         assert attempts == 2
         version = await sb.exec(f"{PREFIX}/bin/hello-cli --version", user="agent")
         assert version.output.strip() == "1.2.3"
-    assert backend.statistics()["live"] == 0
+    assert backend.statistics().live == 0
 
 
 async def test_every_attempt_failing_raises_with_the_log_tail(

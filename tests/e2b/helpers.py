@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import trio
 
 from trio_swe.sandbox.e2b import E2BBackend, RetryPolicy
-from trio_swe.testing import EnvdServer, FaultPlan, open_envd_server
+from trio_swe.testing import EnvdServer, EnvdServerStatistics, FaultPlan, open_envd_server
 
 from ..trio_thread import TrioThread
 
@@ -68,8 +68,8 @@ class ThreadedServer:
 
         return await self.call(get)
 
-    async def statistics(self) -> dict[str, Any]:
-        async def get() -> dict[str, Any]:
+    async def statistics(self) -> EnvdServerStatistics:
+        async def get() -> EnvdServerStatistics:
             return self.server.statistics()
 
         return await self.call(get)

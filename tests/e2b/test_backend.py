@@ -46,10 +46,10 @@ async def test_exec_files_and_users(server_backend: Pair) -> None:
             await sb.exec("true", user="nobody")  # envd's refusal is not a transport fault
         assert not isinstance(info.value, SandboxError)
         stats = sb.statistics()
-        assert stats["rpcs"] >= 8
-        assert stats["retries"] == 0
+        assert stats.rpcs >= 8
+        assert stats.retries == 0
     assert server.live_sandbox_ids() == []
-    assert backend.statistics()["sandboxes_live"] == 0
+    assert backend.statistics().live == 0
 
 
 async def test_timeout_kills_the_command(server_backend: Pair) -> None:
@@ -59,7 +59,7 @@ async def test_timeout_kills_the_command(server_backend: Pair) -> None:
         assert (res.exit_code, res.reason) == (-1, "timeout")
         assert res.output == "started\n"
         assert 1.0 <= res.duration_sec < 5.0
-        assert server.statistics()["processes_running"] == 0
+        assert server.statistics().processes_running == 0
 
 
 async def test_signal_exit_is_a_result(server_backend: Pair) -> None:
@@ -134,10 +134,10 @@ async def test_many_streams_spread_over_capped_connections(server_backend: Pair)
             for i in range(40):
                 nursery.start_soon(one, i)
         assert sorted(results) == sorted(i % 7 for i in range(40))
-        (pool,) = (p for p in backend.statistics()["pools"] if p["peak_streams"] > 1)
-        assert pool["peak_streams"] == 32  # 4 connections x 8 streams, the rest waited
-        assert pool["connections_opened"] == 4
-        assert pool["slot_waits"] > 0
+        (pool,) = (p for p in backend.statistics().pools if p.peak_streams > 1)
+        assert pool.peak_streams == 32  # 4 connections x 8 streams, the rest waited
+        assert pool.connections_opened == 4
+        assert pool.slot_waits > 0
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ async def test_one_fault_on_start_runs_the_command_once(fault: Fault, tmp_path: 
         res = await sb.exec("echo x >> /tmp/log; echo out; sleep 1.5; exit 5", idempotent=ambiguous)
         assert (res.exit_code, res.reason) == (5, "exit")
         assert (await sb.read_file("/tmp/log")) == b"x\n"
-        assert server.statistics()["faults_injected"] == {fault.kind: fault.times or 1}
+        assert server.statistics().faults_injected == {fault.kind: fault.times or 1}
 
 
 async def test_non_idempotent_command_is_not_started_again_without_proof() -> None:
@@ -199,7 +199,7 @@ async def test_idempotent_command_is_started_again_when_the_probe_finds_nothing(
         res = await sb.exec("echo x >> /tmp/log; sleep 0.5", idempotent=True)
         assert res.ok
         assert await sb.read_file("/tmp/log") == b"x\n"
-        assert server.statistics()["faults_injected"] == {"rst": 1}
+        assert server.statistics().faults_injected == {"rst": 1}
 
 
 def test_configuration_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

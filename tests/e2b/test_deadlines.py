@@ -40,7 +40,7 @@ async def test_exec_timeout_is_a_deadline_over_all_attempts(kind: str) -> None:
         plan.clear()
         assert (res.exit_code, res.reason) == (-1, "timeout"), res
         assert 3.0 <= elapsed < 3.0 + 1.0 + SLACK, elapsed
-        assert server.statistics()["faults_injected"].get(kind, 0) >= 1
+        assert server.statistics().faults_injected.get(kind, 0) >= 1
 
 
 async def test_exec_timeout_while_the_server_never_answers() -> None:
@@ -90,8 +90,8 @@ async def test_exec_and_wait_outlasts_any_count_of_failed_attempts() -> None:
             )
         assert (res.exit_code, res.reason) == (7, "exit"), res
         assert (await sb.read_file("/tmp/ran")) == b"x\n"
-        assert server.statistics()["faults_injected"].get("status", 0) >= 10
-        assert backend.statistics()["gave_up"] >= 2  # the exec layer did give up
+        assert server.statistics().faults_injected.get("status", 0) >= 10
+        assert backend.statistics().gave_up >= 2  # the exec layer did give up
 
 
 async def test_exec_and_wait_stops_when_the_sandbox_is_provably_gone() -> None:
@@ -106,7 +106,7 @@ async def test_exec_and_wait_stops_when_the_sandbox_is_provably_gone() -> None:
             # Reclaimed from the server's side while the command runs (wherever the
             # call is then, the verdict must be "gone", never a hang).
             while True:
-                if server.statistics()["processes_running"]:
+                if server.statistics().processes_running:
                     break
                 await trio.sleep(0.05)
             await server.kill_sandbox(sb.id)
@@ -152,9 +152,9 @@ async def test_creates_whose_clients_vanish_never_deadlock_the_server() -> None:
                     nursery.start_soon(one, i)
         assert sorted(ran) == list(range(10))
         stats = server.statistics()
-        assert stats["faults_injected"].get("tcp_close", 0) >= 1, stats
+        assert stats.faults_injected.get("tcp_close", 0) >= 1, stats
         # Creates were cut and retried, yet one boot per sandbox asked for: every retry got
         # the sandbox its key had booted.
-        assert stats["requests_by_path"]["/v2/sandboxes"] > 10, stats
-        assert stats["sandboxes_created"] == 10, stats
+        assert stats.requests_by_path["/v2/sandboxes"] > 10, stats
+        assert stats.sandboxes_created == 10, stats
         assert server.live_sandbox_ids() == []  # open_sandbox's kill waits for the end

@@ -231,11 +231,11 @@ async def run_matrix(
             assert sorted(effects) == [j[0] for j in jobs]
             assert all(not v for v in leftovers.values()), leftovers
             stats = await threaded.statistics()
-            injected = stats["faults_injected"]
-            assert stats["live_sandboxes"] == 0
-            assert stats["processes_running"] == 0
+            injected = stats.faults_injected
+            assert stats.live_sandboxes == 0
+            assert stats.processes_running == 0
             bstats = backend.statistics()
-            assert bstats["sandboxes_live"] == 0
+            assert bstats.live == 0
         assert await threaded.live_sandbox_ids() == []
     return {"faults": sum(injected.values()), "kinds": len(injected), **injected}
 

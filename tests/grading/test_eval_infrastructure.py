@@ -98,7 +98,7 @@ async def test_broken_environment_is_infrastructure_never_a_zero(
             assert result.durations["control"] > 0  # confirmed by a run without the patch
         else:
             assert "control" not in result.durations  # the run itself was the control
-    assert broken.statistics()["live"] == 0
+    assert broken.statistics().live == 0
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ async def test_swebench_row_in_docker_image(
     patch = "" if outcome == "empty" else getattr(calc, outcome)
     async with DockerBackend(host=docker_env.docker_host) as backend:
         result = await run_evaluation(backend, md, patch, timeout_sec=120)
-        assert backend.statistics()["live"] == 0
+        assert backend.statistics().live == 0
     explain = f"{result.reason}: {result.detail}\n{result.log_tail[-1500:]}"
     assert (result.reward, result.reason) == (reward, reason), explain
     assert "conda: no env" not in result.log_tail

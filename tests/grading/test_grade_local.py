@@ -117,7 +117,7 @@ async def test_grade(
 
     assert result.protocol == protocol
     assert result.instance_id == md.instance_id
-    assert grading_backend.statistics()["live"] == 0  # the eval sandbox was killed
+    assert grading_backend.statistics().live == 0  # the eval sandbox was killed
     explain = f"{result.reason}: {result.detail}\n{result.log_tail[-1500:]}"
     if outcome == "gold":
         assert (result.reward, result.resolved, result.reason) == (1.0, True, "resolved"), explain
@@ -194,7 +194,7 @@ async def test_no_grader_is_flagged_and_costs_no_sandbox(
     assert evaluability_check(md) == "no_grader"
     result = await run_evaluation(grading_backend, md, calc.gold, timeout_sec=BUDGET_SEC)
     assert (result.reward, result.reason, result.infra_failure) == (0.0, "no_grader", True)
-    assert grading_backend.statistics()["created"] == 0
+    assert grading_backend.statistics().created == 0
 
 
 async def test_binary_patch_is_applied(calc: CalcRepo, grading_backend: LocalBackend) -> None:
@@ -215,8 +215,8 @@ async def test_cancellation_leaves_no_sandbox(
         await run_evaluation(grading_backend, md, calc.hang, timeout_sec=BUDGET_SEC)
     assert scope.cancelled_caught
     stats = grading_backend.statistics()
-    assert stats["created"] == 1
-    assert stats["live"] == 0
+    assert stats.created == 1
+    assert stats.live == 0
 
 
 async def test_swepro_parser_writing_junk_is_infrastructure(
@@ -259,4 +259,4 @@ async def test_unbootable_image_is_a_sandbox_error(
         await run_evaluation(
             grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
         )
-    assert grading_backend.statistics()["live"] == 0
+    assert grading_backend.statistics().live == 0

@@ -129,7 +129,7 @@ async def test_a_patch_with_a_lone_surrogate_is_a_typed_error(
         await run_evaluation(grading_backend, md, bad, timeout_sec=60)
     with pytest.raises(InvalidArgumentError, match="patch must be str or bytes"):
         await run_evaluation(grading_backend, md, 42, timeout_sec=60)  # type: ignore[arg-type]
-    assert grading_backend.statistics()["created"] == 0
+    assert grading_backend.statistics().created == 0
     # The surrogates a surrogateescape decode makes stand for bytes: accepted as those bytes.
     gold = calc.gold.encode().decode("utf-8", "surrogateescape")
     result = await run_evaluation(grading_backend, md, gold, timeout_sec=60)

@@ -221,9 +221,9 @@ async def test_e2b_backend_on_the_workers_against_the_local_envd_server(
     ]
     assert sum(s.finished for s in stats) == 8
     for s in stats:  # one backend per worker for all its episodes: an agent + an eval sandbox each
-        assert s.backend["sandboxes_live"] == 0, s
-        assert s.backend["sandboxes_created"] == 2 * s.finished, s
+        assert s.backend["live"] == 0, s
+        assert s.backend["created"] == 2 * s.finished, s
     assert limits is not None
     assert (limits.alive, limits.granted) == (0, 16)
     assert limits.peak_alive <= 3
-    assert local.statistics()["live"] == 0
+    assert local.statistics().live == 0

@@ -12,7 +12,7 @@ import random
 import re
 import shlex
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,7 @@ from trio_swe import (
     exec_and_wait,
     open_sandbox,
 )
-from trio_swe.sandbox import Backend
+from trio_swe.sandbox import Backend, SandboxStatistics
 
 # A loop that keeps a process alive with ``token`` in its command line.
 LOOP = "while :; do sleep 0.2; done"
@@ -110,7 +110,7 @@ class ProxySandbox:
     async def kill(self) -> None:
         await self.sb.kill()
 
-    def statistics(self) -> Mapping[str, Any]:
+    def statistics(self) -> SandboxStatistics:
         return self.sb.statistics()
 
 

@@ -182,7 +182,7 @@ async def test_swe_image_boots_without_network_with_limits(dk: DockerEnv) -> Non
         info = json.loads(dk.docker("inspect", sb.id))[0]
         assert info["Config"]["Labels"]["trio_swe.meta.instance_id"] == "calc-1"
         assert info["Config"]["Labels"]["trio_swe.owner"].split("/")[2] == str(os.getpid())
-        assert backend.statistics()["api_version"] == "1.41"
+        assert backend.statistics().api_version == "1.41"
     # network=True still gets none: the backend's network_mode is "none" unless asked.
     async with _backend(dk) as backend, open_sandbox(backend, dk.base_image, network=True) as sb:
         r = await sb.exec("python3 -c 'import socket; print(len(socket.if_nameindex()))'")
@@ -224,7 +224,7 @@ async def test_cancellation_at_random_points_leaves_no_container(dk: DockerEnv) 
                 async with open_sandbox(backend, dk.swe_image) as sb:
                     await sb.exec("sleep 30")
         assert dk.own_containers() == []
-        assert backend.statistics()["live"] == 0
+        assert backend.statistics().live == 0
 
 
 async def test_boot_limit_and_bad_images(dk: DockerEnv) -> None:
@@ -257,7 +257,7 @@ async def test_missing_image_is_pulled_with_progress(dk: DockerEnv) -> None:
     ) as backend:
         async with open_sandbox(backend, ref) as sb:
             assert (await sb.read_file("/testbed/README")) == b"instance b\n"
-        assert backend.statistics()["pulls"] == 1
+        assert backend.statistics().pulls == 1
     assert seen
     assert seen[-1][0].startswith("Status:")
     dk.docker("rmi", ref)
@@ -308,5 +308,5 @@ async def test_containers_of_a_killed_process_are_swept(dk: DockerEnv, tmp_path:
     await proc.stdout.aclose()
     assert cid in {c for c in dk.docker("ps", "-aq", "--no-trunc").split()}
     async with _backend(dk) as backend, open_sandbox(backend, dk.base_image):
-        assert backend.statistics()["swept"] >= 1
+        assert backend.statistics().swept >= 1
     assert cid not in {c for c in dk.docker("ps", "-aq", "--no-trunc").split()}

@@ -103,7 +103,7 @@ async def test_writes_never_reach_the_image_and_sandboxes_are_isolated(image: Pa
         assert (await b.exec("cat hello.txt")).output == "hello\n"
         assert (await b.exec("test -e only-a.txt")).exit_code == 1
         assert (await a.exec("cat hello.txt")).output == "from-a\n"
-        assert a.statistics()["workspace_mode"] in ("overlay", "copy")
+        assert a.statistics().workspace_mode in ("overlay", "copy")
     assert (image / "hello.txt").read_text() == "hello\n"
     assert sorted(os.listdir(image)) == ["hello.txt"]
 
@@ -112,9 +112,9 @@ async def test_copy_workspace_mode(image: Path, tmp_path: Path) -> None:
     backend = LocalBackend(workspace="copy", state_dir=tmp_path / "state")
     async with open_sandbox(backend, str(image)) as sb:
         await sb.exec("echo changed > hello.txt")
-        assert sb.statistics()["workspace_mode"] == "copy"
+        assert sb.statistics().workspace_mode == "copy"
     assert (image / "hello.txt").read_text() == "hello\n"
-    assert backend.statistics()["workspace_mode"] == "copy"
+    assert backend.statistics().workspace_mode == "copy"
 
 
 async def test_git_image_at_commit(make_git_repo: GitRepoFactory) -> None:
@@ -200,8 +200,8 @@ async def test_cancellation_at_random_points_leaves_nothing(image: Path, tmp_pat
     assert host_mounts_with(str(state)) == []
     assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
     stats = backend.statistics()
-    assert stats["live"] == 0
-    assert stats["created"] == stats["killed"]
+    assert stats.live == 0
+    assert stats.created == stats.killed
 
 
 async def test_missing_bwrap_names_the_package(
@@ -302,7 +302,7 @@ async def test_start_process_streams_and_forgets_closed_processes(image: Path) -
             assert await proc.stderr.receive_some(100) == b"err\n"
             assert await proc.wait() == 0
             await proc.aclose()
-        assert sb.statistics()["live_processes"] == 0
+        assert sb.statistics().live_processes == 0
         sleeper = await sb.start_process(["sleep", "1000"])
         sleeper.send_signal(15)
         assert await sleeper.wait() == -15

@@ -31,7 +31,7 @@ async def test_relative_state_dir_boots_path_at_commit_images(
     os.chdir("/")  # the working directory at boot differs from the one at construction
     async with open_sandbox(backend, f"{repo}@{first}") as sb:
         assert (await sb.exec("cat pkg/mod.py")).output == "VALUE = 1\n"
-        assert sb.statistics()["workspace_mode"] == workspace
+        assert sb.statistics().workspace_mode == workspace
     assert (tmp_path / "state" / "images").is_dir()
 
 

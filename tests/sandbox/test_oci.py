@@ -348,12 +348,12 @@ async def test_shared_layers_are_stored_once(docker_env: DockerEnv, store: OciSt
     a = await store.get(docker_env.swe_image)
     b = await store.get(docker_env.swe_image_b)
     assert a.layers[:2] == b.layers[:2]  # base and env: the same directories
-    assert store.statistics()["layers_unpacked"] == 5
-    assert store.statistics()["layers_reused"] == 2
+    assert store.statistics().layers_unpacked == 5
+    assert store.statistics().layers_reused == 2
     assert len(list((store.root / "layers").iterdir())) == 5
     again = OciStore(store.root)  # another process's view of the same cache: nothing to unpack
     await again.get(docker_env.swe_image)
-    assert again.statistics()["layers_unpacked"] == 0
+    assert again.statistics().layers_unpacked == 0
 
 
 @pytest.fixture
@@ -415,9 +415,9 @@ async def test_local_boot_is_copy_on_write(docker_env: DockerEnv, shared_cache: 
     async with open_sandbox(backend, docker_env.swe_image) as sb:  # the next one sees the image
         r = await sb.exec("git status --short; cat /usr/share/git-core/templates/NEW")
         assert r.output == "new\n"
-    oci = backend.statistics()["oci"]
-    assert oci["layers_unpacked"] + oci["layers_reused"] == 4
-    assert backend.statistics()["live"] == 0
+    oci = backend.statistics().oci
+    assert oci.layers_unpacked + oci.layers_reused == 4
+    assert backend.statistics().live == 0
 
 
 @pytest.mark.docker_full

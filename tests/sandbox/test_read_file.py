@@ -82,7 +82,7 @@ async def test_reading_a_fifo_with_special_is_cancellable(tmp_path: Path) -> Non
         with trio.move_on_after(1.0) as scope:
             await sb.read_file("/tmp/fifo", special=True)
         assert scope.cancelled_caught
-        assert sb.statistics()["live_processes"] == 0
+        assert sb.statistics().live_processes == 0
         # With a writer, it is read like a file.
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sb.exec, "printf piped > /tmp/fifo")

@@ -139,7 +139,7 @@ async def test_reconnect_gets_live_output_only_then_the_exit_code(
 
         nursery.start_soon(attach)
         # Feed stdin only once the re-attached stream is open, so "B" cannot race the attach.
-        await wait_until(lambda: server.statistics()["streams_open"] == 1)
+        await wait_until(lambda: server.statistics().streams_open == 1)
         listed = await unary(
             client, server.sandbox_url + "/process.Process/List", wire.ListRequest(), sbx
         )
@@ -202,7 +202,7 @@ async def test_send_signal_and_unknown_pid(server: EnvdServer, client: httpx.Asy
             )
 
         nursery.start_soon(run)
-        await wait_until(lambda: server.statistics()["streams_open"] == 1)
+        await wait_until(lambda: server.statistics().streams_open == 1)
         listed = await unary(
             client, server.sandbox_url + "/process.Process/List", wire.ListRequest(), sbx
         )
@@ -326,8 +326,8 @@ async def test_sandbox_is_reclaimed_at_its_timeout(
     with trio.fail_after(30):
         await server.wait_sandbox_gone(sbx.id)
     stats = server.statistics()
-    assert stats["sandboxes_reclaimed"] == 1
-    assert stats["live_sandboxes"] == 0
+    assert stats.sandboxes_reclaimed == 1
+    assert stats.live_sandboxes == 0
     assert (
         await client.get(server.sandbox_url + "/health", headers=sbx.headers())
     ).status_code == 502
@@ -348,7 +348,7 @@ async def test_sandbox_killed_mid_stream_ends_it_as_not_found(
             )
 
         nursery.start_soon(run)
-        await wait_until(lambda: server.statistics()["streams_open"] == 1)
+        await wait_until(lambda: server.statistics().streams_open == 1)
         assert await server.kill_sandbox(sbx.id)
     (out,) = results
     assert out.end is None
@@ -417,6 +417,6 @@ async def test_a_sandbox_that_dies_on_its_own_is_gone(
     assert out.end_stream.error.code == "unavailable"
     assert out.end_stream.error.message == "The sandbox was not found"
     assert server.live_sandbox_ids() == []
-    assert server.statistics()["sandboxes_died"] == 1
+    assert server.statistics().sandboxes_died == 1
     gone = await client.get(server.sandbox_url + "/health", headers=sbx.headers())
     assert gone.status_code == 502

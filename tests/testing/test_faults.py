@@ -158,7 +158,7 @@ async def test_rst_stream_with_a_chosen_code_cuts_the_stream_not_the_process(
         assert res.reset_code == INTERNAL_ERROR
         assert res.status == 200  # the stream had started
         assert await running_tags(http, server, sbx) == ["cut"]
-        assert server.statistics()["faults_injected"] == {"rst": 1}
+        assert server.statistics().faults_injected == {"rst": 1}
 
 
 async def test_refused_stream_never_reaches_the_server(http: httpx.AsyncClient) -> None:
@@ -184,7 +184,7 @@ async def test_refused_stream_never_reaches_the_server(http: httpx.AsyncClient) 
             server.sandbox_url + "/files", params={"path": "/tmp/refused"}, headers=sbx.headers()
         )
         assert missing.status_code == 404
-        assert server.statistics()["requests_by_path"][START] == 1
+        assert server.statistics().requests_by_path[START] == 1
 
 
 async def test_graceful_goaway_lets_earlier_streams_finish(http: httpx.AsyncClient) -> None:
@@ -202,7 +202,7 @@ async def test_graceful_goaway_lets_earlier_streams_finish(http: httpx.AsyncClie
         sbx = await create(http, server)
         async with h2_session(server) as (client, _):
             sid1, _first = await start_on(client, sbx, "sleep 0.5; echo one", tag="early")
-            await wait_until(lambda: server.statistics()["streams_open"] == 1)
+            await wait_until(lambda: server.statistics().streams_open == 1)
             sid3, listed = await client.request(
                 "POST",
                 "/process.Process/List",
@@ -217,7 +217,7 @@ async def test_graceful_goaway_lets_earlier_streams_finish(http: httpx.AsyncClie
         assert sid1 < sid3
         assert client.goaway.error_code == NO_ERROR
         assert listed.status is None  # never answered: it never reached the server
-        assert "/process.Process/List" not in server.statistics()["requests_by_path"]
+        assert "/process.Process/List" not in server.statistics().requests_by_path
         # Stream 1 ran to completion on the server.
         late = await unary(
             http,
@@ -228,7 +228,7 @@ async def test_graceful_goaway_lets_earlier_streams_finish(http: httpx.AsyncClie
             sbx,
         )
         assert late.status_code == 200  # retained after exit: still selectable by tag
-        assert server.statistics()["streams_open"] == 0
+        assert server.statistics().streams_open == 0
 
 
 async def test_abrupt_goaway_and_tcp_close(http: httpx.AsyncClient) -> None:
@@ -255,7 +255,7 @@ async def test_abrupt_goaway_and_tcp_close(http: httpx.AsyncClient) -> None:
         assert client2.goaway is None  # closed without a GOAWAY
         assert not res2.ended
         assert res2.reset_code is None
-        assert server.statistics()["faults_injected"] == {"goaway": 1, "tcp_close": 1}
+        assert server.statistics().faults_injected == {"goaway": 1, "tcp_close": 1}
 
 
 async def test_a_silent_stream_is_only_detected_by_a_read_timeout(
@@ -266,7 +266,7 @@ async def test_a_silent_stream_is_only_detected_by_a_read_timeout(
         sbx = await create(http, server)
         async with h2_session(server) as (client, _):
             _, res = await start_on(client, sbx, "sleep 30", tag="silent", keepalive="0.05")
-            await wait_until(lambda: server.statistics()["faults_injected"] == {"hang": 1})
+            await wait_until(lambda: server.statistics().faults_injected == {"hang": 1})
             size = len(res.body)
             with trio.move_on_after(1.0) as idle:
                 await res.done.wait()
@@ -305,7 +305,7 @@ async def test_app_level_faults_handed_off_by_the_proxy(http: httpx.AsyncClient)
         assert not ended  # the stream ended without Connect's end-of-stream message
         assert all(e.end is None for e in events)
         assert await running_tags(http, server, sbx) == ["no-end"]
-        assert server.statistics()["faults_injected"] == {"status": 1, "latency": 1, "no_end": 1}
+        assert server.statistics().faults_injected == {"status": 1, "latency": 1, "no_end": 1}
 
 
 async def test_httpx_h2_client_sees_the_reset_code() -> None:
@@ -349,7 +349,7 @@ async def test_http1_frame_faults_drop_or_silence_the_connection(http: httpx.Asy
                     pass
         with pytest.raises(httpx.ReadTimeout):
             await http.get(server.sandbox_url + "/health", headers=sbx.headers(), timeout=0.5)
-        assert server.statistics()["faults_injected"] == {"rst": 1, "hang": 1}
+        assert server.statistics().faults_injected == {"rst": 1, "hang": 1}
 
 
 async def test_server_exit_kills_every_sandbox_and_process(http: httpx.AsyncClient) -> None:
@@ -420,7 +420,7 @@ async def test_a_decided_fault_always_happens_even_after_the_reply(
             events, _ = events_of(bytes(sleeper.body))
             ends = [e.end for e in events if e.end is not None]
             assert [e.status for e in ends] == ["signal: killed"]  # ...but the signal was sent
-        assert server.statistics()["faults_injected"] == {"rst": 2, "no_end": 1}
+        assert server.statistics().faults_injected == {"rst": 2, "no_end": 1}
 
 
 async def test_server_survives_peers_dropping_connections_mid_upload(
@@ -444,6 +444,6 @@ async def test_server_survives_peers_dropping_connections_mid_upload(
                 with trio.fail_after(30):
                     await client.closed.wait()
             assert not all(r.ended for _, r in results)
-        assert server.statistics()["faults_injected"] == {"tcp_close": 3}
+        assert server.statistics().faults_injected == {"tcp_close": 3}
         ok = await http.get(server.sandbox_url + "/health", headers=sbx.headers())
         assert ok.status_code == 204

@@ -135,9 +135,9 @@ async def test_sdk_over_tls_http2_through_the_fault_proxy(
         assert json.loads(proc.stdout) == ["over-h2\n", "tls bytes"]
         stats = server.statistics()
         # RPCs and uploads went over HTTP/2 through the proxy (downloads use HTTP/1.1).
-        assert stats["proxy"]["h2_connections"] >= 1
-        assert stats["proxy"]["streams"] >= 2
-        assert stats["live_sandboxes"] == 0
+        assert stats.proxy.h2_connections >= 1
+        assert stats.proxy.streams >= 2
+        assert stats.live_sandboxes == 0
 
 
 async def test_sdk_debug_mode_uses_the_lazy_debug_sandbox(server: EnvdServer) -> None:
@@ -187,7 +187,7 @@ async def test_sdk_sees_503_with_retry_after_as_a_typed_error() -> None:
         first, second = await in_thread(scenario)
         assert issubclass(first, e2b.RateLimitException)
         assert second == "second\n"
-        assert server.statistics()["faults_injected"] == {"status": 1}
+        assert server.statistics().faults_injected == {"status": 1}
 
 
 async def test_sdk_filesystem_calls(server: EnvdServer) -> None:

@@ -14,14 +14,13 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Mapping
 from typing import Any
 
 import ray
 import trio
 
 from .._errors import SandboxBootError
-from ..sandbox import Backend, Sandbox, SandboxSpec
+from ..sandbox import Backend, BackendStatistics, Sandbox, SandboxSpec, SandboxStatistics
 from ._bridge import ActorHandle, ObjectRef, wait_ref
 from ._leases import LeaseTable, LimiterStatistics
 
@@ -227,8 +226,22 @@ class _LeasedSandbox:
                 self._client.release(self._lease)
                 self._lease = None
 
-    def statistics(self) -> Mapping[str, Any]:
+    def statistics(self) -> SandboxStatistics:
         return self._inner.statistics()
+
+
+class LeasedBackendStatistics(BackendStatistics, frozen=True, kw_only=True):
+    """A leased backend's counters: the wrapped backend's, and the leases it took.
+
+    Attributes:
+        inner: the wrapped backend's own statistics (its subclass).
+        lease_wait_sec: time spent waiting for leases from the cluster limiter.
+        leases: leases taken.
+    """
+
+    inner: BackendStatistics
+    lease_wait_sec: float
+    leases: int
 
 
 class LeasedBackend:
@@ -249,11 +262,17 @@ class LeasedBackend:
         self._client.booted(lease_id)
         return _LeasedSandbox(sandbox, self._client, lease_id)
 
-    def statistics(self) -> Mapping[str, Any]:
-        stats = dict(self._backend.statistics())
-        stats["lease_wait_sec"] = self._client.waited_sec
-        stats["leases"] = self._client.leases
-        return stats
+    def statistics(self) -> LeasedBackendStatistics:
+        inner = self._backend.statistics()
+        return LeasedBackendStatistics(
+            created=inner.created,
+            killed=inner.killed,
+            live=inner.live,
+            boot_failures=inner.boot_failures,
+            inner=inner,
+            lease_wait_sec=self._client.waited_sec,
+            leases=self._client.leases,
+        )
 
     async def aclose(self) -> None:
         close = getattr(self._backend, "aclose", None)

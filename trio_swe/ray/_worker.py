@@ -197,7 +197,7 @@ class _Worker:
             running=self._running,
             finished=self._finished,
             cancelled=self._cancelled,
-            backend=dict(backend.statistics()) if backend is not None else {},
+            backend=msgspec.to_builtins(backend.statistics()) if backend is not None else {},
         )
         return msgspec.msgpack.encode(stats)
 

@@ -8,16 +8,19 @@ from ._registry import available_backends, create_backend, open_backend, registe
 from ._types import (
     DEFAULT_READ_MAX_BYTES,
     EXIT_TIME_BUDGET_EXCEEDED,
+    BackendStatistics,
     ExecReason,
     ExecResult,
     ResourceLimits,
     SandboxSpec,
+    SandboxStatistics,
 )
 
 __all__ = [
     "DEFAULT_READ_MAX_BYTES",
     "EXIT_TIME_BUDGET_EXCEEDED",
     "Backend",
+    "BackendStatistics",
     "ExecReason",
     "ExecResult",
     "ImageMap",
@@ -25,6 +28,7 @@ __all__ = [
     "ResourceLimits",
     "Sandbox",
     "SandboxSpec",
+    "SandboxStatistics",
     "available_backends",
     "check_image",
     "create_backend",

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import trio
 
-from ._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec
+from ._types import (
+    DEFAULT_READ_MAX_BYTES,
+    BackendStatistics,
+    ExecResult,
+    SandboxSpec,
+    SandboxStatistics,
+)
 
 
 @runtime_checkable
@@ -98,8 +104,9 @@ class Sandbox(Protocol):
         """Destroy the sandbox and every process in it. Idempotent; killing a gone sandbox is fine."""
         ...
 
-    def statistics(self) -> Mapping[str, Any]:
-        """Counters of this sandbox (RPCs, retries, workspace mode...)."""
+    def statistics(self) -> SandboxStatistics:
+        """A frozen snapshot of this sandbox's counters; each backend returns its subclass
+        (RPCs, retries, workspace mode...)."""
         ...
 
 
@@ -120,8 +127,9 @@ class Backend(Protocol):
         """
         ...
 
-    def statistics(self) -> Mapping[str, Any]:
-        """Counters of the backend as a whole (sandboxes created/killed, retries...)."""
+    def statistics(self) -> BackendStatistics:
+        """A frozen snapshot of the backend's counters (sandboxes created/killed/live, and each
+        backend's own in its subclass: retries, pools, pulls...)."""
         ...
 
     async def aclose(self) -> None:

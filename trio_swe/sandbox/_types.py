@@ -49,6 +49,34 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
         return self.exit_code == 0 and self.reason == "exit"
 
 
+class SandboxStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What every sandbox's ``statistics()`` reports; each backend returns a subclass.
+
+    A frozen snapshot, as trio's ``statistics()`` give: later calls return new objects.
+
+    Attributes:
+        execs: short ``exec`` calls made (a detached command is several of them).
+    """
+
+    execs: int
+
+
+class BackendStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What every backend's ``statistics()`` reports; each backend returns a subclass.
+
+    Attributes:
+        created: sandboxes booted.
+        killed: sandboxes killed.
+        live: sandboxes booted and not yet killed (0 once every ``open_sandbox`` has left).
+        boot_failures: boots that failed (each retry of a boot counts).
+    """
+
+    created: int
+    killed: int
+    live: int
+    boot_failures: int
+
+
 class ResourceLimits(msgspec.Struct, frozen=True, kw_only=True):
     """Resource limits of one sandbox, where the backend enforces them (docker: cgroups).
 

@@ -19,7 +19,8 @@ from ._envd._faults import (
     FaultKind,
     FaultPlan,
 )
-from ._envd._server import EnvdServer, open_envd_server
+from ._envd._h2proxy import FaultProxyStatistics
+from ._envd._server import EnvdServer, EnvdServerStatistics, open_envd_server
 
 __all__ = [
     "CANCEL",
@@ -27,9 +28,11 @@ __all__ = [
     "NO_ERROR",
     "REFUSED_STREAM",
     "EnvdServer",
+    "EnvdServerStatistics",
     "Fault",
     "FaultKind",
     "FaultPlan",
+    "FaultProxyStatistics",
     "open_envd_server",
 ]
 

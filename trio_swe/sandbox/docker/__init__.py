@@ -1,8 +1,15 @@
 """The Docker backend: one container per sandbox, through the Docker Engine API over httpx."""
 
-from ._backend import DockerBackend
+from ._backend import DockerBackend, DockerBackendStatistics
 from ._engine import EngineError
-from ._sandbox import DockerSandbox
+from ._sandbox import DockerSandbox, DockerSandboxStatistics
 from ._wire import PullProgress
 
-__all__ = ["DockerBackend", "DockerSandbox", "EngineError", "PullProgress"]
+__all__ = [
+    "DockerBackend",
+    "DockerBackendStatistics",
+    "DockerSandbox",
+    "DockerSandboxStatistics",
+    "EngineError",
+    "PullProgress",
+]

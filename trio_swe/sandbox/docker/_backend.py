@@ -25,7 +25,7 @@ from ..._errors import (
     SandboxBootError,
     SandboxError,
 )
-from .._types import ResourceLimits, SandboxSpec
+from .._types import BackendStatistics, ResourceLimits, SandboxSpec
 from .._validate import check_abs_path, check_env
 from ..local._image import ImageCache, split_image
 from ._engine import Engine, EngineError
@@ -101,6 +101,22 @@ def _tar_tree(src: Path, arcname: str) -> IO[bytes]:
         tf.add(src, arcname=arcname, filter=as_root)
     out.seek(0)
     return out
+
+
+class DockerBackendStatistics(BackendStatistics, frozen=True, kw_only=True):
+    """The docker backend's counters.
+
+    Attributes:
+        swept: containers of dead owners removed by the startup sweep.
+        pulls: images pulled through the daemon.
+        api_version: the negotiated Engine API version (None before the first connection).
+        engine: ``"docker <version>"`` or ``"podman <version>"`` (None before it).
+    """
+
+    swept: int
+    pulls: int
+    api_version: str | None
+    engine: str | None
 
 
 class DockerBackend:
@@ -270,8 +286,8 @@ class DockerBackend:
     ) -> None:
         await self.aclose()
 
-    def statistics(self) -> Mapping[str, Any]:
-        return {**self._stats, "live": len(self._live)}
+    def statistics(self) -> DockerBackendStatistics:
+        return DockerBackendStatistics(**self._stats, live=len(self._live))
 
     # -- images -----------------------------------------------------------------------------------
     async def ensure_image(self, ref: str) -> None:

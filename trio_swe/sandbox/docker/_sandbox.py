@@ -17,7 +17,7 @@ from ..._errors import (
     SandboxFileTooLargeError,
     SandboxNotAFileError,
 )
-from .._types import DEFAULT_READ_MAX_BYTES, ExecResult
+from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_env, check_read_args, check_user
 from ._engine import Engine, EngineError
 from ._wire import env_list, file_archive, first_member, resolve_link
@@ -38,6 +38,26 @@ _KILL_SCRIPT: Final = (
     'kill -STOP "$p" 2>/dev/null; found="$found $p"; fi; done; '
     '[ -z "$found" ] && exit 0; kill -KILL $found 2>/dev/null; done'
 )
+
+
+class DockerSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
+    """A docker sandbox's counters.
+
+    Attributes:
+        boot_sec: create + start + tree copy, measured by the backend.
+        exec_timeouts: ``exec`` calls that overran their ``timeout``.
+        exec_kills: commands killed in the container (timeouts, cancellations).
+        files_written: ``write_file`` calls.
+        files_read: ``read_file`` calls.
+        kill_sec: how long ``kill`` took, once it ran.
+    """
+
+    boot_sec: float
+    exec_timeouts: int
+    exec_kills: int
+    files_written: int
+    files_read: int
+    kill_sec: float | None = None
 
 
 class DockerSandbox:
@@ -85,8 +105,8 @@ class DockerSandbox:
     def nursery(self) -> trio.Nursery:
         return self._nursery
 
-    def statistics(self) -> Mapping[str, Any]:
-        return dict(self._stats)
+    def statistics(self) -> DockerSandboxStatistics:
+        return DockerSandboxStatistics(**self._stats)
 
     def record_boot(self, seconds: float) -> None:
         """Set the boot time (create + start + tree copy), measured by the backend."""

@@ -7,8 +7,16 @@ Use :class:`E2BBackend` with :func:`trio_swe.open_sandbox`::
             print((await sb.exec("uname -a")).output)
 """
 
-from ._backend import E2BBackend
+from ._backend import E2BBackend, E2BBackendStatistics
+from ._pool import PoolStatistics
 from ._retry import RetryPolicy
-from ._sandbox import E2BSandbox
+from ._sandbox import E2BSandbox, E2BSandboxStatistics
 
-__all__ = ["E2BBackend", "E2BSandbox", "RetryPolicy"]
+__all__ = [
+    "E2BBackend",
+    "E2BBackendStatistics",
+    "E2BSandbox",
+    "E2BSandboxStatistics",
+    "PoolStatistics",
+    "RetryPolicy",
+]

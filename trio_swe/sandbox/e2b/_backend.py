@@ -15,10 +15,15 @@ import trio
 
 from ..._errors import ConfigError, InvalidArgumentError, PermanentBootError, SandboxBootError
 from .._images import ImageMap, ImageSource
-from .._types import SandboxSpec
+from .._types import BackendStatistics, SandboxSpec
 from . import _connect
 from ._envd import ENVD_PORT, EnvdClient
-from ._pool import DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION, ConnectionPool
+from ._pool import (
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_STREAMS_PER_CONNECTION,
+    ConnectionPool,
+    PoolStatistics,
+)
 from ._rest import RestClient
 from ._retry import RetryPolicy, RetryStats
 from ._sandbox import DEFAULT_MAX_OUTPUT_BYTES, E2BSandbox
@@ -45,6 +50,30 @@ def _env_bool(name: str) -> bool:
 #: A Docker image reference with a repository path (``swebench/sweb.eval...:latest``): what
 #: SWE-bench rows name, and never an E2B template (names and ids have no ``/``).
 _DOCKER_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(?::[0-9]+)?/\S+$")
+
+
+class E2BBackendStatistics(BackendStatistics, frozen=True, kw_only=True):
+    """The E2B backend's counters: sandboxes, every retried call, the connection pools.
+
+    Attributes:
+        debug: the backend talks to a local envd (``E2B_DEBUG``).
+        calls: calls made through the retry loop (REST and envd).
+        attempts: attempts of those calls (first tries and retries).
+        retries: attempts after a transient failure.
+        resets: connection pool resets after protocol errors.
+        gave_up: calls that failed for good after retrying.
+        failures: transient failures by kind (``"stream_reset"``, ``"goaway"``, ...).
+        pools: one entry per origin.
+    """
+
+    debug: bool
+    calls: int
+    attempts: int
+    retries: int
+    resets: int
+    gave_up: int
+    failures: dict[str, int]
+    pools: tuple[PoolStatistics, ...]
 
 
 class E2BBackend(trio.abc.AsyncResource):
@@ -304,14 +333,13 @@ class E2BBackend(trio.abc.AsyncResource):
             )
         return None
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "backend": "e2b",
-            "debug": self.debug,
-            "sandboxes_created": self._created,
-            "sandboxes_killed": self._killed,
-            "sandboxes_live": len(self._live),
-            "boot_failures": self._boot_failures,
+    def statistics(self) -> E2BBackendStatistics:
+        return E2BBackendStatistics(
+            debug=self.debug,
+            created=self._created,
+            killed=self._killed,
+            live=len(self._live),
+            boot_failures=self._boot_failures,
             **self._stats.snapshot(),
-            "pools": [p.statistics() for p in self._pools.values()],
-        }
+            pools=tuple(p.statistics() for p in self._pools.values()),
+        )

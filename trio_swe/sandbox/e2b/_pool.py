@@ -18,6 +18,7 @@ from typing import Any
 
 import httpcore
 import httpx
+import msgspec
 import trio
 
 #: Per-connection stream cap: below the E2B edge's SETTINGS_MAX_CONCURRENT_STREAMS of 100.
@@ -118,6 +119,34 @@ class _Conn:
         self.serial = serial
         self.active = 0
         self.retired = False
+
+
+class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """One origin's connection pool.
+
+    Attributes:
+        origin: ``scheme://host:port``.
+        connections: connections open now.
+        connections_opened: connections opened in all.
+        retired_draining: retired connections still finishing their streams.
+        resets: pool resets after protocol errors.
+        active_streams: streams in flight now.
+        peak_streams: the most streams in flight at once.
+        streams_total: streams opened in all.
+        slot_waits: requests that waited for a free stream slot.
+        streams_per_connection: the cap of concurrent streams on one connection.
+    """
+
+    origin: str
+    connections: int
+    connections_opened: int
+    retired_draining: int
+    resets: int
+    active_streams: int
+    peak_streams: int
+    streams_total: int
+    slot_waits: int
+    streams_per_connection: int
 
 
 class ConnectionPool:
@@ -262,16 +291,16 @@ class ConnectionPool:
         for conn in conns:
             await self._close_conn(conn)
 
-    def statistics(self) -> dict[str, Any]:
-        return {
-            "origin": self.origin,
-            "connections": len(self._lanes),
-            "connections_opened": self.connections_opened,
-            "retired_draining": len(self._retired),
-            "resets": self.resets,
-            "active_streams": self.active_streams,
-            "peak_streams": self.peak_streams,
-            "streams_total": self.streams_total,
-            "slot_waits": self.slot_waits,
-            "streams_per_connection": self._per_conn,
-        }
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            origin=self.origin,
+            connections=len(self._lanes),
+            connections_opened=self.connections_opened,
+            retired_draining=len(self._retired),
+            resets=self.resets,
+            active_streams=self.active_streams,
+            peak_streams=self.peak_streams,
+            streams_total=self.streams_total,
+            slot_waits=self.slot_waits,
+            streams_per_connection=self._per_conn,
+        )

@@ -33,7 +33,7 @@ from ..._errors import (
     SandboxUnreachableError,
     TrioSweError,
 )
-from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec
+from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from . import _connect, _wire
 from ._envd import EnvdClient
@@ -96,6 +96,24 @@ class _Run:
 
 class _Deadline(Exception):
     """envd killed the command at ``Connect-Timeout-Ms`` and said so in a trailer."""
+
+
+class E2BSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
+    """An E2B sandbox's counters.
+
+    Attributes:
+        rpcs: envd RPCs sent (every attempt counts).
+        retries: envd calls of this sandbox retried after a transient failure.
+        reattaches: command streams re-attached (``Connect``) after a cut.
+        resets: connection pool resets after protocol errors.
+        killed: ``kill`` ran.
+    """
+
+    rpcs: int
+    retries: int
+    reattaches: int
+    resets: int
+    killed: bool
 
 
 class E2BSandbox:
@@ -509,16 +527,15 @@ class E2BSandbox:
         if self._rest is not None:
             await self._rest.set_timeout(self._id, max(1, math.ceil(seconds)))
 
-    def statistics(self) -> Mapping[str, Any]:
-        return {
-            "backend": "e2b",
-            "execs": self._execs,
-            "rpcs": self._envd.rpcs,
-            "retries": self._retries,
-            "reattaches": self._reattaches,
-            "resets": self._envd.resets,
-            "killed": self._killed,
-        }
+    def statistics(self) -> E2BSandboxStatistics:
+        return E2BSandboxStatistics(
+            execs=self._execs,
+            rpcs=self._envd.rpcs,
+            retries=self._retries,
+            reattaches=self._reattaches,
+            resets=self._envd.resets,
+            killed=self._killed,
+        )
 
 
 def _tag_taken(exc: _connect.ConnectError) -> bool:

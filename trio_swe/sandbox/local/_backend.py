@@ -19,9 +19,9 @@ import trio
 
 from ..._errors import BackendUnavailableError, PermanentBootError, SandboxBootError
 from .._images import ImageMap, ImageSource
-from .._types import SandboxSpec
+from .._types import BackendStatistics, SandboxSpec
 from .._validate import check_abs_path
-from ..oci import OciImage, OciStore, is_oci_image
+from ..oci import OciImage, OciStore, OciStoreStatistics, is_oci_image
 from ..oci._manifest import env_mapping
 from ..oci._unpack import read_file_in
 from ._image import ImageCache, check_local_image
@@ -91,6 +91,19 @@ def _default_state_root() -> Path:
     return Path(tempfile.gettempdir()) / f"trio_swe-{os.getuid()}"
 
 
+class LocalBackendStatistics(BackendStatistics, frozen=True, kw_only=True):
+    """The local backend's counters.
+
+    Attributes:
+        workspace_mode: ``"overlay"``, ``"copy"``, or ``"unknown"`` before the first boot of a
+            backend in ``"auto"`` mode.
+        oci: the OCI image cache's counters.
+    """
+
+    workspace_mode: str
+    oci: OciStoreStatistics
+
+
 class LocalBackend(trio.abc.AsyncResource):
     """Sandboxes on this machine: bubblewrap, own PID/mount/IPC/UTS namespaces.
 
@@ -104,7 +117,7 @@ class LocalBackend(trio.abc.AsyncResource):
             ``$TMPDIR/trio_swe-<uid>``).
         workspace: ``"overlay"`` (kernel overlayfs in a private mount namespace; boot does not
             copy the tree), ``"copy"`` (a full copy per sandbox), or ``"auto"`` (overlay where the
-            kernel allows it, else copy; ``statistics()["workspace_mode"]`` says which).
+            kernel allows it, else copy; ``statistics().workspace_mode`` says which).
         ro_binds: extra read-only mounts, sandbox path -> host path (e.g. shims at
             ``/opt/miniconda3/bin/activate``).
         extra_path: host directories put first on every command's ``PATH`` (e.g. a venv's bin).
@@ -204,16 +217,13 @@ class LocalBackend(trio.abc.AsyncResource):
             return None
         return check_local_image(image, commit)
 
-    def statistics(self) -> Mapping[str, Any]:
+    def statistics(self) -> LocalBackendStatistics:
         mode = {True: "overlay", False: "copy", None: "unknown"}[self._overlay_ok]
         if self._workspace == "copy":
             mode = "copy"
-        return {
-            **self._stats,
-            "live": len(self._live),
-            "workspace_mode": mode,
-            "oci": self._oci.statistics(),
-        }
+        return LocalBackendStatistics(
+            **self._stats, live=len(self._live), workspace_mode=mode, oci=self._oci.statistics()
+        )
 
     # -- checks -------------------------------------------------------------------------------
     def _check_tools(self) -> None:

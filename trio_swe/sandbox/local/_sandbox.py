@@ -21,7 +21,7 @@ from ..._errors import (
     SandboxNotRunningError,
     SandboxPermissionError,
 )
-from .._types import DEFAULT_READ_MAX_BYTES, ExecResult
+from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from ._process import LocalProcess, nsenter_argv, start_local_process
 from ._users import ROOT, SandboxUser
@@ -154,8 +154,10 @@ class LocalSandbox:
         """Whether the sandbox shares the host's network (False: its own, loopback only)."""
         return not self._own_netns
 
-    def statistics(self) -> Mapping[str, Any]:
-        return {**self._stats, "live_processes": len(self._processes), "alive": self.alive}
+    def statistics(self) -> LocalSandboxStatistics:
+        return LocalSandboxStatistics(
+            **self._stats, live_processes=len(self._processes), alive=self.alive
+        )
 
     async def _watch_init(self) -> None:
         # Only a real exit marks the sandbox dead: being cancelled (the owner leaving
@@ -425,6 +427,32 @@ class LocalSandbox:
                 self._stats["kill_sec"] = time.monotonic() - t0
                 if self._on_close is not None:
                     self._on_close(self)
+
+
+class LocalSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
+    """A local sandbox's counters.
+
+    Attributes:
+        workspace_mode: ``"overlay"`` (copy-on-write over the image) or ``"copy"``.
+        boot_sec: wall time of the boot.
+        exec_timeouts: ``exec`` calls that overran their ``timeout``.
+        files_written: ``write_file`` calls.
+        files_read: ``read_file`` calls.
+        processes_started: processes started (``exec`` and ``start_process``).
+        live_processes: processes started and not yet reaped.
+        alive: the sandbox's init still runs.
+        kill_sec: how long ``kill`` took, once it ran.
+    """
+
+    workspace_mode: str
+    boot_sec: float
+    exec_timeouts: int
+    files_written: int
+    files_read: int
+    processes_started: int
+    live_processes: int
+    alive: bool
+    kill_sec: float | None = None
 
 
 def _kill_pid(pid: int) -> None:

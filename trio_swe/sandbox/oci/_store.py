@@ -130,6 +130,22 @@ def _hash_file(path: Path) -> str:
 LayerOpener = Callable[[int, Path], Awaitable[IO[bytes]]]
 
 
+class OciStoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The image cache's counters.
+
+    Attributes:
+        images_resolved: images looked up and ready (once per name per process).
+        layers_unpacked: layers downloaded (or read) and unpacked into the cache.
+        layers_reused: layers found unpacked in the cache.
+        bytes_downloaded: bytes fetched from registries.
+    """
+
+    images_resolved: int
+    layers_unpacked: int
+    layers_reused: int
+    bytes_downloaded: int
+
+
 class OciStore:
     """Pulls and unpacks OCI images into the shared cache; see the module doc.
 
@@ -161,8 +177,8 @@ class OciStore:
             "bytes_downloaded": 0,
         }
 
-    def statistics(self) -> dict[str, int]:
-        return dict(self._stats)
+    def statistics(self) -> OciStoreStatistics:
+        return OciStoreStatistics(**self._stats)
 
     def _lock(self, key: str) -> trio.Lock:
         return self._locks.setdefault(key, trio.Lock())

@@ -23,6 +23,7 @@ from collections import Counter
 from typing import Any, Final
 
 import hpack
+import msgspec
 import trio
 
 from ._app import FAULT_HEADER, FaultHandoff
@@ -57,6 +58,22 @@ def goaway(last_stream_id: int, code: int) -> bytes:
 
 def window_update(stream_id: int, increment: int) -> bytes:
     return frame(WINDOW_UPDATE, 0, stream_id, struct.pack(">I", increment))
+
+
+class FaultProxyStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """The HTTP/2 fault proxy's counters.
+
+    Attributes:
+        connections: client connections accepted.
+        h2_connections: of them, HTTP/2 ones (the rest are relayed as raw bytes).
+        streams: HTTP/2 streams relayed.
+        faults: frame-level faults injected, by kind.
+    """
+
+    connections: int
+    h2_connections: int
+    streams: int
+    faults: dict[str, int]
 
 
 class _Frames:
@@ -120,8 +137,14 @@ class FaultProxy:
         self._ssl = ssl_context
         self.stats: Counter[str] = Counter()
 
-    def statistics(self) -> dict[str, int]:
-        return dict(self.stats)
+    def statistics(self) -> FaultProxyStatistics:
+        prefix = "fault_"
+        return FaultProxyStatistics(
+            connections=self.stats["connections"],
+            h2_connections=self.stats["h2_connections"],
+            streams=self.stats["streams"],
+            faults={k[len(prefix) :]: v for k, v in self.stats.items() if k.startswith(prefix)},
+        )
 
     async def serve(
         self, host: str, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED

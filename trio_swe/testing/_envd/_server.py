@@ -12,12 +12,14 @@ from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
+import msgspec
 import trio
 
 from ..._errors import ConfigError, InvalidArgumentError
 from ...sandbox._protocol import Backend
 from ._app import EnvdApp, FaultHandoff, is_abort
 from ._faults import FaultPlan
+from ._h2proxy import FaultProxyStatistics
 from ._hypercorn import serve_connections
 from ._registry import SandboxRegistry
 
@@ -34,6 +36,42 @@ class _DropInjectedAborts(logging.Filter):
 
 _hypercorn_log = logging.getLogger("trio_swe.testing.hypercorn")
 _hypercorn_log.addFilter(_DropInjectedAborts())
+
+
+class EnvdServerStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What :meth:`EnvdServer.statistics` reports.
+
+    Attributes:
+        requests: HTTP requests served.
+        requests_by_path: of them, by path (``/process.Process/Start``, ``/v2/sandboxes``...).
+        streams_open: streaming RPCs in flight now.
+        streams_total: streaming RPCs served in all.
+        live_sandboxes: sandboxes alive now.
+        sandboxes_created: sandboxes created.
+        sandboxes_killed: sandboxes killed through the API.
+        sandboxes_reclaimed: sandboxes whose time to live ran out.
+        sandboxes_died: sandboxes found dead on their own (and reclaimed).
+        processes_running: processes running in all sandboxes.
+        faults_injected: faults injected, by kind (app-level and frame-level).
+        connections: client connections accepted by hypercorn.
+        connection_errors: connections that ended in an error.
+        proxy: the HTTP/2 fault proxy's counters, when it runs.
+    """
+
+    requests: int
+    requests_by_path: dict[str, int]
+    streams_open: int
+    streams_total: int
+    live_sandboxes: int
+    sandboxes_created: int
+    sandboxes_killed: int
+    sandboxes_reclaimed: int
+    sandboxes_died: int
+    processes_running: int
+    faults_injected: dict[str, int]
+    connections: int
+    connection_errors: int
+    proxy: FaultProxyStatistics | None = None
 
 
 class EnvdServer:
@@ -80,27 +118,25 @@ class EnvdServer:
         """Ids of the sandboxes alive now."""
         return self._registry.live_ids()
 
-    def statistics(self) -> dict[str, Any]:
+    def statistics(self) -> EnvdServerStatistics:
         """Counters: requests by path, streams, sandboxes, processes, faults injected."""
         stats = self._app.stats
-        out: dict[str, Any] = {
-            "requests": sum(stats.requests.values()),
-            "requests_by_path": dict(stats.requests),
-            "streams_open": stats.streams_open,
-            "streams_total": stats.streams_total,
-            "live_sandboxes": len(self._registry),
-            "sandboxes_created": self._registry.created,
-            "sandboxes_killed": self._registry.killed,
-            "sandboxes_reclaimed": self._registry.reclaimed,
-            "sandboxes_died": self._registry.died,
-            "processes_running": self._registry.process_count(),
-            "faults_injected": dict(self.faults.injected()),
-            "connections": self._connections["connections"],
-            "connection_errors": self._connections["connection_errors"],
-        }
-        if self._proxy is not None:
-            out["proxy"] = self._proxy.statistics()
-        return out
+        return EnvdServerStatistics(
+            requests=sum(stats.requests.values()),
+            requests_by_path=dict(stats.requests),
+            streams_open=stats.streams_open,
+            streams_total=stats.streams_total,
+            live_sandboxes=len(self._registry),
+            sandboxes_created=self._registry.created,
+            sandboxes_killed=self._registry.killed,
+            sandboxes_reclaimed=self._registry.reclaimed,
+            sandboxes_died=self._registry.died,
+            processes_running=self._registry.process_count(),
+            faults_injected=dict(self.faults.injected()),
+            connections=self._connections["connections"],
+            connection_errors=self._connections["connection_errors"],
+            proxy=self._proxy.statistics() if self._proxy is not None else None,
+        )
 
     def client_ssl_context(self) -> ssl.SSLContext:
         """An SSL context for clients that trusts the server's CA (``tls=True`` only).
