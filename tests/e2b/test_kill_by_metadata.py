@@ -62,4 +62,4 @@ async def test_kill_sandboxes_kills_exactly_the_matching_ones(
             await backend.kill_sandboxes({})
     # The blocks' own kills of the already killed sandboxes are no errors (404 is success).
     assert server.live_sandbox_ids() == []
-    assert backend.statistics()["sandboxes_live"] == 0
+    assert backend.statistics().live == 0
