@@ -52,9 +52,8 @@ class Counting:
     def workdir(self) -> str:
         return self._sb.workdir
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        return self._sb.nursery
+    def start_background(self, async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        self._sb.start_background(async_fn, *args)
 
     async def exec(self, cmd: str, **kw: Any) -> ExecResult:
         self.rpcs += 1

@@ -12,7 +12,7 @@ import random
 import re
 import shlex
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -91,9 +91,8 @@ class ProxySandbox:
     def workdir(self) -> str:
         return self.sb.workdir
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        return self.sb.nursery
+    def start_background(self, async_fn: Callable[..., Awaitable[object]], *args: Any) -> None:
+        self.sb.start_background(async_fn, *args)
 
     async def exec(self, cmd: str, **kw: Any) -> ExecResult:
         self.calls.append("exec")

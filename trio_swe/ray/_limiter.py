@@ -14,7 +14,8 @@ import asyncio
 import logging
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVarTuple
 
 import ray
 import trio
@@ -186,6 +187,9 @@ class LimiterClient:
             await trio.sleep(every_sec)
 
 
+_Args = TypeVarTuple("_Args")
+
+
 class _LeasedSandbox:
     """A sandbox whose kill returns its lease."""
 
@@ -202,9 +206,10 @@ class _LeasedSandbox:
     def workdir(self) -> str:
         return self._inner.workdir
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        return self._inner.nursery
+    def start_background(
+        self, async_fn: Callable[[*_Args], Awaitable[object]], *args: *_Args
+    ) -> None:
+        self._inner.start_background(async_fn, *args)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -209,10 +209,7 @@ class _Call:
                 finally:
                     box.event.set()
 
-        try:
-            self.sb.nursery.start_soon(poller)
-        except RuntimeError as exc:  # the nursery is closed: the sandbox is shutting down
-            raise SandboxNotRunningError(f"sandbox {self.sb.id} is closing") from exc
+        self.sb.start_background(poller)  # SandboxNotRunningError if the sandbox is closing
         try:
             await box.event.wait()
         finally:

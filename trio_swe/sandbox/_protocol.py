@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, runtime_checkable
 
 import trio
 
+from ._background import PosArgs
 from ._types import (
     DEFAULT_READ_MAX_BYTES,
     BackendStatistics,
@@ -35,9 +36,19 @@ class Sandbox(Protocol):
         """Absolute path of the repository inside the sandbox."""
         ...
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        """The nursery owned by ``open_sandbox``; background tasks of this sandbox run here."""
+    def start_background(
+        self, async_fn: Callable[[*PosArgs], Awaitable[object]], *args: *PosArgs
+    ) -> None:
+        """Run ``async_fn(*args)`` as a background task of this sandbox.
+
+        It runs in the nursery that :func:`~trio_swe.open_sandbox` owns, so it outlives the
+        caller's cancel scope (a poller whose caller was cancelled, a cleanup RPC sent after
+        the call has returned) and is cancelled when the sandbox closes. A task that raises
+        takes the sandbox's block down with it: catch what is not fatal inside ``async_fn``.
+
+        Raises:
+            SandboxNotRunningError: the sandbox is closing (its nursery takes no new tasks).
+        """
         ...
 
     async def exec(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import trio
@@ -17,6 +17,7 @@ from ..._errors import (
     SandboxFileTooLargeError,
     SandboxNotAFileError,
 )
+from .._background import PosArgs, start_in
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_env, check_read_args, check_user
 from ._engine import Engine, EngineError
@@ -101,9 +102,10 @@ class DockerSandbox:
     def workdir(self) -> str:
         return self._workdir
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        return self._nursery
+    def start_background(
+        self, async_fn: Callable[[*PosArgs], Awaitable[object]], *args: *PosArgs
+    ) -> None:
+        start_in(self._nursery, self.id, async_fn, *args)
 
     def statistics(self) -> DockerSandboxStatistics:
         return DockerSandboxStatistics(**self._stats)

@@ -16,7 +16,7 @@ import math
 import shlex
 import signal as _signal
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -33,6 +33,7 @@ from ..._errors import (
     SandboxUnreachableError,
     TrioSweError,
 )
+from .._background import PosArgs, start_in
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from . import _connect, _wire
@@ -152,9 +153,10 @@ class E2BSandbox:
     def workdir(self) -> str:
         return self._spec.workdir
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        return self._nursery
+    def start_background(
+        self, async_fn: Callable[[*PosArgs], Awaitable[object]], *args: *PosArgs
+    ) -> None:
+        start_in(self._nursery, self.id, async_fn, *args)
 
     def _check_alive(self) -> None:
         if self._killed:

@@ -6,7 +6,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from ..._errors import (
     SandboxNotRunningError,
     SandboxPermissionError,
 )
+from .._background import PosArgs, start_in
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from ._process import LocalProcess, nsenter_argv, start_local_process
@@ -136,9 +137,10 @@ class LocalSandbox:
     def workdir(self) -> str:
         return self._workdir
 
-    @property
-    def nursery(self) -> trio.Nursery:
-        return self._nursery
+    def start_background(
+        self, async_fn: Callable[[*PosArgs], Awaitable[object]], *args: *PosArgs
+    ) -> None:
+        start_in(self._nursery, self.id, async_fn, *args)
 
     @property
     def init_pid(self) -> int:
