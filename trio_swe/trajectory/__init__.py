@@ -1,7 +1,8 @@
 """Trajectories to training samples: records, the sample builder, truncation and codecs.
 
 Sans-IO except for the file helpers: :class:`TurnRecord` and :class:`Sample` are frozen msgspec
-Structs over typed read-only buffers; :class:`SampleBuilder` turns a chain of turns into
+Structs over typed read-only buffers; :class:`TurnRecorder` makes a chain's records over one
+append-only history (each token converted once); :class:`SampleBuilder` turns a chain of turns into
 samples (clean / realign / fork); :func:`truncate` cuts a sample by slicing; the codecs write
 msgpack (decoded as views), JSON (for people) and streams of samples to files.
 """
@@ -16,11 +17,13 @@ from ._codec import (
     read_samples,
     write_samples,
 )
+from ._recorder import RecorderStatistics, TurnRecorder
 from ._records import Sample, SampleArrays, SampleStatus, TurnRecord
 from ._truncate import truncate
 
 __all__ = [
     "BuilderStatistics",
+    "RecorderStatistics",
     "Sample",
     "SampleArrays",
     "SampleBuilder",
@@ -28,6 +31,7 @@ __all__ = [
     "SampleStatus",
     "TurnKind",
     "TurnRecord",
+    "TurnRecorder",
     "decode_sample",
     "decode_sample_json",
     "encode_sample",

@@ -405,3 +405,29 @@ def finite_reward(reward: object) -> float:
     if not math.isfinite(value):
         raise InvalidArgumentError(f"reward must be finite, not {value}")
     return value
+
+
+_TURN_TEMPLATE = TurnRecord(prompt_ids=b"", output_ids=b"")  # type: ignore[arg-type]
+_copy_turn_template: Callable[[], TurnRecord] = _TURN_TEMPLATE.__copy__  # type: ignore[attr-defined]
+
+
+def trusted_turn(
+    *,
+    prompt_ids: memoryview,
+    output_ids: memoryview,
+    output_log_probs: memoryview | None,
+    finish_reason: str,
+    ill_formed: bool,
+) -> TurnRecord:
+    """A TurnRecord from fields that are valid by construction, skipping ``__post_init__``.
+
+    Only for :class:`~trio_swe.trajectory.TurnRecorder`: read-only int32 views, a float32
+    view of as many items as ``output_ids`` (or None), a str and a bool, all checked there.
+    """
+    turn = _copy_turn_template()
+    force_setattr(turn, "prompt_ids", prompt_ids)
+    force_setattr(turn, "output_ids", output_ids)
+    force_setattr(turn, "output_log_probs", output_log_probs)
+    force_setattr(turn, "finish_reason", finish_reason)
+    force_setattr(turn, "ill_formed", ill_formed)
+    return turn
