@@ -75,3 +75,31 @@ async def test_http_errors_become_policy_error() -> None:
     async with SGLangPolicy(server.url, client=httpx.AsyncClient()) as policy:
         with pytest.raises(PolicyError):
             await policy.generate([1, 2], {})
+
+
+def test_reply_decoding_null_log_probs_old_servers_and_bad_replies() -> None:
+    import math
+
+    import msgspec
+
+    from trio_swe.agents._policy import decode_generate_reply
+
+    def body(**fields: object) -> bytes:
+        meta = {"finish_reason": {"type": "length"}, "output_token_logprobs": fields.pop("e")}
+        return msgspec.json.encode({"text": "ab", "meta_info": meta, **fields})
+
+    entries = [[-0.5, 7, None], [None, 8, "b"], [0, 9, None]]
+    out = decode_generate_reply(body(e=entries, output_ids=[7, 8, 9]))
+    assert out.output_ids == [7, 8, 9]
+    assert out.log_probs[0] == -0.5
+    assert math.isnan(out.log_probs[1])
+    assert out.log_probs[2] == 0.0
+    assert out.finish_reason == "length"
+    # A server that sends no top-level output_ids: the ids come from the entries.
+    assert decode_generate_reply(body(e=entries)).output_ids == [7, 8, 9]
+    with pytest.raises(PolicyError, match="2 output_ids but 3"):
+        decode_generate_reply(body(e=entries, output_ids=[7, 8]))
+    with pytest.raises(PolicyError, match="malformed"):
+        decode_generate_reply(body(e=[["x", 7, None]], output_ids=[7]))
+    with pytest.raises(PolicyError, match="malformed"):
+        decode_generate_reply(b"{")
