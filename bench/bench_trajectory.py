@@ -1,130 +1,273 @@
-"""Trajectory benchmark: build + truncate + encode samples, typed buffers vs Python lists + json.
+"""Trajectory benchmark: agent episodes from Python lists into samples, against slime's builder.
 
-The baseline is slime's representation, reimplemented here on the same rules: token ids,
-loss mask and log-probs as Python lists, a chunked list common-prefix check per turn, list
-slicing for truncation and ``json.dumps`` of the sample dict. Both sides process the same
-chains of turns in the same run, in alternating rounds (so both see the same load); figures are
-medians over several rounds of the process's CPU time (stable on a shared machine, where wall
-time measures the other tenants).
+The baseline is slime's own sample builder, ``slime/agent/trajectory.py`` of a slime checkout
+named by ``TRIO_SWE_SLIME_DIR`` and loaded at run time (nothing of it is copied here). It runs
+the way ``TrajectoryManager.get_trajectory`` runs it for one routing leaf:
+``_chain_to_samples`` over the chain's assistant nodes (``_split_chain_into_builders``, each
+``_SampleBuilder``'s CLEAN/REALIGN/FORK placement, ``has_trained_response``, ``to_sample`` with
+``max_sample_tokens``), so slime's per-turn message routing (``record_turn``) is left out: the
+baseline is the token part alone. ``slime.utils.types`` imports torch for its top-p replay
+helpers, which the builder never calls; when torch is not installed an empty placeholder module
+stands in for it while slime is imported (printed). Without a checkout the slime rows are
+skipped, with the reason.
 
-Also: ``truncate`` time for a 1k-token vs a 128k-token sample (should not depend on length),
-and msgpack encoding throughput beside a plain ``bytes`` copy of the same buffers (the memory
-bandwidth limit).
+Both sides get the same inputs: per turn the whole prompt, the output ids and their log-probs
+as Python lists, as an agent loop or an adapter hands them over. Two kinds of prompt lists:
 
-Environment: ``BENCH_TRAJECTORY_SAMPLES`` (default 1000) samples per run,
-``BENCH_TRAJECTORY_RUNS`` (default 5) runs.
+* fresh: every prompt is a new list of new int objects, as a tokenizer or a JSON decoder
+  returns it (slime's adapter re-renders and re-tokenizes the history each turn);
+* extended: each prompt is the previous prompt + output + tool result, concatenated as Python
+  lists (the int objects are shared from turn to turn).
+
+Episodes have realistic shapes: 30 turns, a 2,000-token first prompt, replies of 100-300 tokens,
+tool results of 100-400 tokens (70%) or 1,500-3,500 (30%), cut at 32,768 tokens. The figures
+are medians over rounds of the process's CPU time; each round runs every side once, in turn, so
+all sides see the same load on a shared machine.
+
+Also: decoding an SGLang ``/generate`` reply (200 and 2,000 output tokens) into the ids and
+log-probs a record is made from, against what slime's adapter does with it (``json.loads``
+as aiohttp's ``json()`` runs it, then a list comprehension each for the ids and the
+log-probs); ``truncate`` of a 1k- and a 128k-token sample (against slicing the lists); msgpack
+encoding beside a plain ``bytes`` copy of the same buffers.
+
+Environment: ``TRIO_SWE_SLIME_DIR`` (slime checkout), ``BENCH_TRAJECTORY_EPISODES`` (default 6)
+episodes per round, ``BENCH_TRAJECTORY_RUNS`` (default 5) rounds.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import random
 import statistics
+import sys
 import time
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
-from trio_swe import SampleBuilder, TurnRecord, decode_sample, encode_sample, truncate
-from trio_swe.trajectory import Sample
+import msgspec
 
-N_SAMPLES = int(os.environ.get("BENCH_TRAJECTORY_SAMPLES", "1000"))
+from trio_swe import (
+    Sample,
+    SampleBuilder,
+    TurnRecord,
+    TurnRecorder,
+    decode_sample,
+    encode_sample,
+    truncate,
+)
+from trio_swe.agents._policy import decode_generate_reply
+
+EPISODES = int(os.environ.get("BENCH_TRAJECTORY_EPISODES", "6"))
 RUNS = int(os.environ.get("BENCH_TRAJECTORY_RUNS", "5"))
-TURNS = 8  # policy calls per sample (an agent episode); a 1-turn row is printed too
-CHAINS = 4  # distinct chains, cycled (the same inputs for both sides)
+TURNS = 30
+FIRST_PROMPT = 2000
+MAX_CONTEXT = 32768
+VOCAB = 151_000
 
 ListTurn = tuple[list[int], list[int], list[float]]
 
 
-def make_chain(total: int, rng: random.Random, n_turns: int = TURNS) -> list[ListTurn]:
-    """``n_turns`` turns whose prompts extend the previous prompt+output; ``total`` tokens."""
-    per_turn = total // n_turns
-    obs, out = per_turn // 2, per_turn - per_turn // 2
-    history: list[int] = []
+# --- slime, loaded from its checkout -----------------------------------------------------------
+
+
+class Slime:
+    """slime's trajectory module and what its builder needs, from a checkout."""
+
+    def __init__(self, trajectory: Any, sample_cls: Any, note: str) -> None:
+        self.trajectory = trajectory
+        self.manager = trajectory.TrajectoryManager()
+        self.base = sample_cls(index=0, group_index=0, prompt="", label=None)
+        self.note = note
+
+    def episode(self, turns: list[ListTurn], max_tokens: int) -> list[Any]:
+        """One episode's samples by slime's builder (as get_trajectory runs it per leaf)."""
+        traj = self.trajectory
+        chain = []
+        for prompt, output, lps in turns:
+            node = traj.MessageNode(role="assistant", message=None)
+            node.turn = traj.TurnRecord(
+                prompt_ids=prompt, output_ids=output, finish_reason="stop", output_log_probs=lps
+            )
+            chain.append(node)
+        samples: list[Any] = self.manager._chain_to_samples(
+            chain, base_sample=self.base, extra_metadata=None, max_sample_tokens=max_tokens
+        )
+        for s in samples:
+            s.reward = 1.0
+        return samples
+
+
+def load_slime() -> Slime | str:
+    """slime's builder from ``$TRIO_SWE_SLIME_DIR``, or the reason it cannot be loaded."""
+    root = os.environ.get("TRIO_SWE_SLIME_DIR")
+    if not root:
+        return "TRIO_SWE_SLIME_DIR is not set (a checkout of THUDM/slime)"
+    if not (Path(root) / "slime" / "agent" / "trajectory.py").is_file():
+        return f"{root} has no slime/agent/trajectory.py"
+    placeholder: types.ModuleType | None = None
+    note = "torch installed"
+    try:
+        importlib.import_module("torch")
+    except ImportError:
+        # Only names evaluated at import (annotations, dataclass fields) are needed.
+        placeholder = types.ModuleType("torch")
+        for name in ("Tensor", "dtype", "Size"):
+            setattr(placeholder, name, type(name, (), {}))
+        placeholder.is_tensor = lambda obj: False  # type: ignore[attr-defined]
+        sys.modules["torch"] = placeholder
+        note = "torch not installed: an empty placeholder module stood in for it at import"
+    sys.path.insert(0, root)
+    try:
+        trajectory = importlib.import_module("slime.agent.trajectory")
+        sample_cls = importlib.import_module("slime.utils.types").Sample
+    except Exception as exc:
+        return f"importing slime from {root} failed: {type(exc).__name__}: {exc}"
+    finally:
+        sys.path.remove(root)
+        if placeholder is not None and sys.modules.get("torch") is placeholder:
+            del sys.modules["torch"]
+    return Slime(trajectory, sample_cls, note)
+
+
+# --- episodes ----------------------------------------------------------------------------------
+
+
+def make_episode(rng: random.Random, *, fresh: bool) -> list[ListTurn]:
+    """30 turns of (prompt, output, log-probs) lists; each prompt extends the last by the
+    output and a tool result."""
+    history = [rng.randrange(VOCAB) for _ in range(FIRST_PROMPT)]
     turns: list[ListTurn] = []
-    for _ in range(n_turns):
-        prompt = history + [rng.randrange(150_000) for _ in range(obs)]
-        output = [rng.randrange(150_000) for _ in range(out)]
-        lps = [-rng.random() * 4 for _ in range(out)]
+    for _ in range(TURNS):
+        output = [rng.randrange(VOCAB) for _ in range(rng.randint(100, 300))]
+        lps = [-rng.random() * 3 for _ in output]
+        # A fresh prompt is what a JSON decoder returns: new int objects, equal values.
+        prompt = msgspec.json.decode(msgspec.json.encode(history)) if fresh else history
         turns.append((prompt, output, lps))
-        history = prompt + output
+        big = rng.random() < 0.3
+        result = [
+            rng.randrange(VOCAB) for _ in range(rng.randint(*(1500, 3500) if big else (100, 400)))
+        ]
+        history = history + output + result
     return turns
 
 
-# --- baseline: lists + json, slime's algorithm ------------------------------------------------
+def ours_recorder(turns: list[ListTurn], max_tokens: int) -> list[Sample]:
+    recorder = TurnRecorder()
+    builder = SampleBuilder(max_sample_tokens=max_tokens)
+    for prompt, output, lps in turns:
+        builder.add(recorder.record(prompt_ids=prompt, output_ids=output, output_log_probs=lps))
+    return builder.finish(reward=1.0)
 
 
-def common_prefix_len(a: list[int], b: list[int], chunk: int = 4096) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n:
-        j = min(i + chunk, n)
-        if a[i:j] != b[i:j]:
-            while a[i] == b[i]:
-                i += 1
-            return i
-        i = j
-    return n
+def ours_from_lists(turns: list[ListTurn], max_tokens: int) -> list[Sample]:
+    builder = SampleBuilder(max_sample_tokens=max_tokens)
+    for prompt, output, lps in turns:
+        builder.add(
+            TurnRecord.from_lists(prompt_ids=prompt, output_ids=output, output_log_probs=lps)
+        )
+    return builder.finish(reward=1.0)
 
 
-def baseline_one(turns: list[ListTurn], max_tokens: int) -> bytes:
-    tokens: list[int] = []
-    mask: list[int] = []
-    lps: list[float] = []
-    last_start: int | None = None
-    lead = 0
-    for prompt, output, out_lps in turns:
-        if last_start is None:
-            tokens, mask, lps = list(prompt), [0] * len(prompt), [0.0] * len(prompt)
-            lead = len(prompt)
-        else:
-            lcp = common_prefix_len(tokens, prompt)
-            if lcp != len(tokens):
-                raise AssertionError("the benchmark's chains are clean")
-            new = prompt[len(tokens) :]
-            tokens.extend(new)
-            mask.extend([0] * len(new))
-            lps.extend([0.0] * len(new))
-        last_start = len(tokens)
-        tokens.extend(output)
-        mask.extend([1] * len(output))
-        lps.extend(out_lps)
-    if len(tokens) > max_tokens:
-        tokens, mask, lps = tokens[:max_tokens], mask[:max_tokens], lps[:max_tokens]
-    d: dict[str, Any] = {
-        "tokens": tokens,
-        "response_length": len(tokens) - lead,
-        "loss_mask": mask[lead:],
-        "rollout_log_probs": lps[lead:],
-        "reward": 1.0,
-        "status": "completed",
-        "metadata": {},
-    }
-    return json.dumps(d).encode()
+def ours_buffers(records: list[TurnRecord], max_tokens: int) -> list[Sample]:
+    builder = SampleBuilder(max_sample_tokens=max_tokens)
+    for turn in records:
+        builder.add(turn)
+    return builder.finish(reward=1.0)
 
 
-# --- trio_swe ---------------------------------------------------------------------------------
+def check_same(ours: list[Sample], theirs: list[Any]) -> None:
+    """Our samples hold slime's tokens and mask, and its log-probs to float32 precision."""
+    if len(ours) != len(theirs):
+        raise AssertionError(f"{len(ours)} samples against slime's {len(theirs)}")
+    for a, b in zip(ours, theirs, strict=True):
+        if a.tokens_list() != b.tokens or a.loss_mask_list() != b.loss_mask:
+            raise AssertionError("tokens or loss mask differ from slime's")
+        if a.response_length != b.response_length:
+            raise AssertionError("response lengths differ from slime's")
+        lps = a.rollout_log_probs_list()
+        if any(abs(x - y) > 1e-6 for x, y in zip(lps, b.rollout_log_probs, strict=True)):
+            raise AssertionError("log-probs differ from slime's")
 
 
-def ours_one(builder: SampleBuilder, turns: list[TurnRecord]) -> bytes:
-    for t in turns:
-        builder.add(t)
-    [sample] = builder.finish(reward=1.0)
-    return encode_sample(sample)
+# --- timing -------------------------------------------------------------------------------------
 
 
-def to_records(chain: list[ListTurn]) -> list[TurnRecord]:
-    return [
-        TurnRecord.from_lists(prompt_ids=p, output_ids=o, output_log_probs=lp) for p, o, lp in chain
+def interleaved_medians(fns: Sequence[Callable[[], object]], runs: int) -> list[list[float]]:
+    """CPU times of each of ``fns`` over ``runs`` rounds; a round runs each once, in turn.
+
+    CPU time, not wall time: the work is single-threaded and CPU-bound, and on a shared machine
+    wall time mostly measures the other tenants. Alternating puts all sides under one load.
+    """
+    times: list[list[float]] = [[] for _ in fns]
+    for _ in range(runs):
+        for fn, ts in zip(fns, times, strict=True):
+            t0 = time.process_time()
+            fn()
+            ts.append(time.process_time() - t0)
+    return times
+
+
+def episodes_rows(slime: Slime | str, *, fresh: bool) -> None:
+    rng = random.Random(13 if fresh else 31)
+    episodes = [make_episode(rng, fresh=fresh) for _ in range(EPISODES)]
+    records = [
+        [TurnRecord.from_lists(prompt_ids=p, output_ids=o, output_log_probs=lp) for p, o, lp in e]
+        for e in episodes
     ]
+    lengths = [len(e[-1][0]) + len(e[-1][1]) for e in episodes]
+    cut = sum(n > MAX_CONTEXT for n in lengths)
+    kind = "fresh lists (a tokenizer's or JSON decoder's)" if fresh else "extended lists"
+    print(
+        f"{kind}: {EPISODES} episodes of {TURNS} turns, {min(lengths):,}-{max(lengths):,} tokens"
+        f" ({cut} cut to {MAX_CONTEXT:,}), {sum(len(t[0]) for e in episodes for t in e):,}"
+        " prompt tokens in all"
+    )
+
+    def side(fn: Callable[[Any, int], object], inputs: list[Any]) -> Callable[[], None]:
+        def run() -> None:
+            for x in inputs:
+                fn(x, MAX_CONTEXT)
+
+        return run
+
+    names = [
+        "trio_swe TurnRecorder + SampleBuilder",
+        "trio_swe TurnRecord.from_lists + SampleBuilder",
+        "trio_swe SampleBuilder, records prebuilt",
+    ]
+    fns = [
+        side(ours_recorder, episodes),
+        side(ours_from_lists, episodes),
+        side(ours_buffers, records),
+    ]
+    if isinstance(slime, Slime):
+        for e in episodes:
+            theirs = slime.episode(e, MAX_CONTEXT)
+            check_same(ours_recorder(e, MAX_CONTEXT), theirs)
+            check_same(ours_from_lists(e, MAX_CONTEXT), theirs)
+        names.insert(0, "slime _SampleBuilder (baseline)")
+        fns.insert(0, side(slime.episode, episodes))
+    times = interleaved_medians(fns, RUNS)
+    base = times[0] if isinstance(slime, Slime) else None
+    for name, ts in zip(names, times, strict=True):
+        per = statistics.median(ts) / EPISODES
+        line = f"  {name:48s} {per * 1e3:8.2f} ms/episode"
+        if base is not None and ts is not base:
+            ratios = sorted(b / t for b, t in zip(base, ts, strict=True))
+            line += (
+                f"   x{statistics.median(base) / statistics.median(ts):.2f} slime's speed"
+                f" (rounds x{ratios[0]:.2f}-x{ratios[-1]:.2f})"
+            )
+        print(line)
+    if not isinstance(slime, Slime):
+        print(f"  slime rows skipped: {slime}")
 
 
 def median_time(fn: Callable[[], object], runs: int) -> float:
-    """Median CPU time of ``fn`` over ``runs`` runs.
-
-    CPU time of this process, not wall time: the benchmark is single-threaded and CPU-bound,
-    and on a shared machine wall time mostly measures the other tenants.
-    """
     times = []
     for _ in range(runs):
         t0 = time.process_time()
@@ -133,77 +276,66 @@ def median_time(fn: Callable[[], object], runs: int) -> float:
     return statistics.median(times)
 
 
-def interleaved_medians(fns: list[Callable[[], object]], runs: int) -> list[float]:
-    """Median CPU time of each of ``fns`` over ``runs`` rounds; a round runs each once, in turn.
-
-    On a shared machine the load changes from second to second; timing one side's runs and
-    then the other's would compare two different loads (the 8-turn ratio moved from x77 to
-    x134 between runs that way). Alternating puts both sides under the same load.
-    """
-    times: list[list[float]] = [[] for _ in fns]
-    for _ in range(runs):
-        for fn, ts in zip(fns, times, strict=True):
-            t0 = time.process_time()
-            fn()
-            ts.append(time.process_time() - t0)
-    return [statistics.median(ts) for ts in times]
-
-
-def fmt_rate(per_sec: float) -> str:
-    return f"{per_sec:>12,.0f}/s"
-
-
-def pipeline(total: int, n_turns: int) -> None:
-    rng = random.Random(total)
-    chains = [make_chain(total, rng, n_turns) for _ in range(CHAINS)]
-    records = [to_records(c) for c in chains]
-    max_tokens = total * 9 // 10  # every sample is cut (a truncation on both sides)
-
-    builder = SampleBuilder(max_sample_tokens=max_tokens)
-    check = ours_one(builder, records[0])
-    base_check = json.loads(baseline_one(chains[0], max_tokens))
-    got = decode_sample(check)
-    if got.tokens_list() != base_check["tokens"] or got.loss_mask_list() != base_check["loss_mask"]:
-        raise AssertionError("the two pipelines disagree")
-
-    def run_ours() -> None:
-        for i in range(N_SAMPLES):
-            ours_one(builder, records[i % CHAINS])
-
-    def run_ours_from_lists() -> None:
-        for i in range(N_SAMPLES):
-            ours_one(builder, to_records(chains[i % CHAINS]))
-
-    # The baseline is ~100x slower: fewer samples per run, scaled to a rate.
-    n_base = max(10, N_SAMPLES // 20)
-
-    def run_base() -> None:
-        for i in range(n_base):
-            baseline_one(chains[i % CHAINS], max_tokens)
-
-    # The two sides of the ratio alternate, round by round, so both see the same load.
-    t_ours, t_base = interleaved_medians([run_ours, run_base], RUNS)
-    t_lists = median_time(run_ours_from_lists, max(1, RUNS // 2))
-    r_ours, r_lists, r_base = N_SAMPLES / t_ours, N_SAMPLES / t_lists, n_base / t_base
-    turns = f"{n_turns} turn{'s' if n_turns > 1 else ''}"
-    print(f"{total // 1024}k-token samples ({turns} each, cut to {max_tokens}):")
-    print(
-        f"  lists + json (slime)        {fmt_rate(r_base)}   {1e3 / r_base:8.3f} ms/sample"
-        f"   ({n_base} samples per run)"
+def sglang_reply(n: int, rng: random.Random) -> bytes:
+    """A /generate reply body as SGLang sends it (``return_logprob: true``)."""
+    entries = [[-rng.random() * 3, rng.randrange(VOCAB), None] for _ in range(n)]
+    meta = {
+        "id": "0123456789abcdef",
+        "finish_reason": {"type": "stop", "matched": 151645},
+        "prompt_tokens": 30_000,
+        "completion_tokens": n,
+        "cached_tokens": 29_000,
+        "output_token_logprobs": entries,
+        "e2e_latency": 1.25,
+    }
+    text = "x" * (4 * n)  # the decoded text, which neither side needs
+    return msgspec.json.encode(
+        {"text": text, "output_ids": [e[1] for e in entries], "meta_info": meta}
     )
-    print(
-        f"  trio_swe, buffers in        {fmt_rate(r_ours)}   {1e3 / r_ours:8.3f} ms/sample"
-        f"   x{r_ours / r_base:,.0f}  ({N_SAMPLES} samples per run)"
-    )
-    print(
-        f"  trio_swe, lists in          {fmt_rate(r_lists)}   {1e3 / r_lists:8.3f} ms/sample"
-        f"   x{r_lists / r_base:,.0f}  (includes TurnRecord.from_lists of every turn)"
-    )
+
+
+def slime_reply(body: bytes) -> tuple[list[int], list[float], str]:
+    """What slime's adapter does with the reply (call_sglang_generate, described there)."""
+    data = json.loads(body)
+    meta = data.get("meta_info") or {}
+    entries = meta.get("output_token_logprobs") or []
+    ids = [x[1] for x in entries]
+    lps = [float(x[0]) for x in entries]
+    return ids, lps, (meta.get("finish_reason") or {}).get("type", "stop") or "stop"
+
+
+def replies() -> None:
+    rng = random.Random(3)
+    print("SGLang /generate reply -> output ids and log-probs (lists both sides):")
+    for n in (200, 2000):
+        body = sglang_reply(n, rng)
+        out = decode_generate_reply(body)
+        ids, lps, _ = slime_reply(body)
+        if out.output_ids != ids or out.log_probs != lps:
+            raise AssertionError("the two decoders disagree")
+        reps = max(20, 40_000 // n)
+
+        def ours(b: bytes = body, reps: int = reps) -> None:
+            for _ in range(reps):
+                decode_generate_reply(b)
+
+        def theirs(b: bytes = body, reps: int = reps) -> None:
+            for _ in range(reps):
+                slime_reply(b)
+
+        t_theirs, t_ours = (
+            statistics.median(t) / reps for t in interleaved_medians([theirs, ours], RUNS)
+        )
+        print(
+            f"  {n:>5,} tokens ({len(body) / 1e3:5.1f} kB): slime's json.loads + comprehensions"
+            f" {t_theirs * 1e6:8.1f} us   decode_generate_reply {t_ours * 1e6:8.1f} us"
+            f"   x{t_theirs / t_ours:.2f}"
+        )
 
 
 def truncation() -> None:
     rng = random.Random(1)
-    print("truncate(sample, n // 2):")
+    print("truncate(sample, n // 2), baseline: slicing the sample's three lists:")
     results = {}
     reps = 20_000
     for total in (1024, 131072):
@@ -276,9 +408,13 @@ def encoding() -> None:
 
 
 def main() -> None:
-    print(f"{N_SAMPLES} samples per run, median of {RUNS} runs")
-    for total, n_turns in ((8192, 1), (8192, TURNS), (32768, TURNS)):
-        pipeline(total, n_turns)
+    slime = load_slime()
+    where = f"slime from {os.environ.get('TRIO_SWE_SLIME_DIR')}"
+    print(f"{where} ({slime.note})" if isinstance(slime, Slime) else f"slime: {slime}")
+    print(f"median CPU time of {RUNS} rounds; ratios: slime's time / ours (higher is faster)")
+    episodes_rows(slime, fresh=True)
+    episodes_rows(slime, fresh=False)
+    replies()
     truncation()
     encoding()
 
