@@ -122,6 +122,10 @@ _BAD_STRINGS = {
     "SWE_NPM_PREFIX": ["usr/local"],
     "SWE_TOKENIZER": ["/no/such/checkpoint"],
     "SWE_TOOL_PARSER": ["xml"],
+    "SWE_RAY_ADDRESS": ["10.0.0.1 :6379"],
+    "SWE_RAY_POOL": ["a pool", "a/b"],
+    "SWE_RAY_NAMESPACE": ["a pool", "a/b"],
+    "SWE_RAY_DETACHED": ["maybe", "2"],
 }
 
 
@@ -227,3 +231,52 @@ def test_a_bad_flag_is_named() -> None:
         args: argparse.Namespace = _parser().parse_args(["run", "rows.jsonl", *argv])
         with pytest.raises(ConfigError, match=pattern):
             _config_from_args(args, {})
+
+
+# --- SWE_RAY_*: composed into SweConfig, read without Ray -----------------------------------
+
+
+def test_ray_variables_are_part_of_the_config() -> None:
+    from trio_swe.config import RayOptions
+
+    assert SweConfig.from_env({}).ray == RayOptions()
+    assert not SweConfig().ray.enabled  # unset: episodes run in the calling process
+    env = {
+        "SWE_RAY_WORKERS": "3",
+        "SWE_RAY_CONCURRENCY": "8",
+        "SWE_RAY_ADDRESS": "10.0.0.1:6379",
+        "SWE_RAY_POOL": "swe-pool",
+        "SWE_RAY_MAX_ALIVE": "20",
+        "SWE_RAY_DETACHED": "1",
+    }
+    config = SweConfig.from_env(env, check_protocols=False)
+    assert config.ray == RayOptions(
+        workers=3,
+        concurrency=8,
+        address="10.0.0.1:6379",
+        pool="swe-pool",
+        max_alive=20,
+        detached=True,
+    )
+    assert config.ray == RayOptions.from_env(env)  # the ray layer's own reading agrees
+    auto = SweConfig.from_env({"SWE_RAY_WORKERS": "auto"}, check_protocols=False).ray
+    assert auto.enabled
+    assert auto.workers is None  # one per node
+    assert RayOptions.from_env({"SWE_RAY_WORKERS": "0"}) is None
+    with pytest.raises(ConfigError, match="SWE_RAY_WORKERS='many'"):
+        SweConfig.from_env({"SWE_RAY_WORKERS": "many"})
+    with pytest.raises(ConfigError):
+        RayOptions(concurrency=0)
+
+
+def test_reading_the_config_does_not_import_ray() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from trio_swe.config import SweConfig; "
+        "c = SweConfig.from_env({'SWE_RAY_WORKERS': '2'}); "
+        "assert c.ray.workers == 2; assert 'ray' not in sys.modules, 'ray was imported'"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr

@@ -10,6 +10,7 @@ struct                  ``SweConfig`` field    layer
 :class:`BootPolicy`     ``boot``               booting sandboxes: concurrency, retries, backoff
 :class:`BashAgentOptions`  ``bash``            the built-in bash agent and its policy server
 :class:`NpmOptions`     ``npm``                CLI agents shipped as npm packages
+:class:`RayOptions`     ``ray``                slime's episodes on a shared pool of Ray workers
 ======================  =====================  ==================================================
 
 Nothing is read at import time: a trainer calls :meth:`SweConfig.from_env` when it starts (and
@@ -54,10 +55,22 @@ variable                       meaning                                          
                                slime's ``args.hf_checkpoint``                           tokens)
 ``SWE_TOOL_PARSER``            tool-call format: ``hermes``, ``qwen3_coder``, or         auto
                                ``auto`` (inferred from the chat template)
+``SWE_RAY_WORKERS``            ``generate()``'s episodes run on a shared pool of this     0
+                               many Ray workers, or ``auto`` (one per node); 0: in       (no Ray)
+                               the calling process
+``SWE_RAY_CONCURRENCY``        episodes at once per worker                              16
+``SWE_RAY_ADDRESS``            cluster to join when Ray is not initialised yet          auto
+``SWE_RAY_POOL``               name of the shared pool (its workers are ``NAME-i``)     trio_swe-pool
+``SWE_RAY_NAMESPACE``          Ray namespace of the pool and its limiter                trio_swe
+``SWE_RAY_MAX_BOOTING``        cluster-wide cap on sandboxes booting at once (0: none)  0
+``SWE_RAY_MAX_ALIVE``          cluster-wide cap on sandboxes alive at once (0: none)    0
+``SWE_RAY_DETACHED``           ``1``: the workers outlive the process that started them  0
 =============================  ======================================================  =========
 
 Numbers are decimal ASCII (``1_000``, ``+5`` and non-ASCII digits are refused), finite, and
-within the range each field states.
+within the range each field states. Flags are ``1``/``0`` (or ``true``/``false``). The ``SWE_RAY_*``
+options are plain data here: reading them needs no Ray (``trio-swe[ray]`` is an optional extra),
+only running the pool does (:mod:`trio_swe.ray`).
 
 Adding an option: put a field on the struct of its layer, typed with its constraints and its
 variable, and document it in the table above::
@@ -91,6 +104,7 @@ __all__ = [
     "BootPolicy",
     "EpisodeBudgets",
     "NpmOptions",
+    "RayOptions",
     "SweConfig",
     "env",
     "replace_option",
@@ -103,9 +117,13 @@ BACKENDS: tuple[str, ...] = ("local", "e2b", "docker")
 _YEAR = 365 * 24 * 3600.0
 
 
-def env(name: str, **constraints: Any) -> msgspec.Meta:
-    """The metadata of an option: its environment variable and its constraints (``ge``, ...)."""
-    return msgspec.Meta(extra={"env": name}, **constraints)
+def env(name: str, *, none: str | None = None, **constraints: Any) -> msgspec.Meta:
+    """The metadata of an option: its environment variable and its constraints (``ge``, ...).
+
+    ``none``: the word that, as the variable's value, means ``None`` (``SWE_RAY_WORKERS=auto``).
+    """
+    extra = {"env": name} if none is None else {"env": name, "none": none}
+    return msgspec.Meta(extra=extra, **constraints)
 
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=_YEAR)]
@@ -115,6 +133,9 @@ Positive = Annotated[int, msgspec.Meta(ge=1, le=2**31 - 1)]
 Name = Annotated[str, msgspec.Meta(pattern=r"\S")]
 _URL_PATTERN = r"^https?://[^/\s:]+(:[0-9]{1,5})?(/\S*)?$"
 Url = Annotated[str, msgspec.Meta(pattern=_URL_PATTERN)]
+_WORD_PATTERN = r"^[A-Za-z0-9._-]+$"
+Word = Annotated[str, msgspec.Meta(pattern=_WORD_PATTERN)]
+_NO_SPACE_PATTERN = r"^\S+$"
 
 _VALIDATING: contextvars.ContextVar[bool] = contextvars.ContextVar(
     "trio_swe_config_validating", default=False
@@ -241,6 +262,50 @@ class NpmOptions(_Options, frozen=True, kw_only=True):
     prefix: Annotated[str, env("SWE_NPM_PREFIX", pattern=r"^/")] = "/usr/local"
 
 
+class RayOptions(_Options, frozen=True, kw_only=True):
+    """slime's ``generate()`` on a pool of Ray workers shared by every rollout process.
+
+    Plain data: :func:`trio_swe.ray.shared_pool` runs the pool (and needs ``trio-swe[ray]``).
+
+    Attributes:
+        workers: workers in the pool; ``None`` (``SWE_RAY_WORKERS=auto``): one per node;
+            ``0``: no Ray, episodes run in the calling process (see :attr:`enabled`).
+        concurrency: episodes at once per worker.
+        address: the cluster to join when Ray is not initialised yet.
+        pool: name of the shared pool (its workers are ``NAME-i``).
+        namespace: Ray namespace of the pool and its limiter.
+        max_booting: cluster-wide cap on sandboxes booting at once (``0``: none).
+        max_alive: cluster-wide cap on sandboxes alive at once (``0``: none).
+        detached: the workers outlive the process that started them.
+    """
+
+    workers: Annotated[Count | None, env("SWE_RAY_WORKERS", none="auto")] = 0
+    concurrency: Annotated[Positive, env("SWE_RAY_CONCURRENCY")] = 16
+    address: Annotated[str, env("SWE_RAY_ADDRESS", pattern=_NO_SPACE_PATTERN)] = "auto"
+    pool: Annotated[Word, env("SWE_RAY_POOL")] = "trio_swe-pool"
+    namespace: Annotated[Word, env("SWE_RAY_NAMESPACE")] = "trio_swe"
+    max_booting: Annotated[Count, env("SWE_RAY_MAX_BOOTING")] = 0
+    max_alive: Annotated[Count, env("SWE_RAY_MAX_ALIVE")] = 0
+    detached: Annotated[bool, env("SWE_RAY_DETACHED")] = False
+
+    @property
+    def enabled(self) -> bool:
+        """Episodes go to the Ray pool (``SWE_RAY_WORKERS`` is a number >= 1 or ``auto``)."""
+        return self.workers != 0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> RayOptions | None:
+        """The ``SWE_RAY_*`` options alone, or None when ``SWE_RAY_WORKERS`` is unset or ``0``.
+
+        :meth:`SweConfig.from_env` reads the same variables into ``config.ray``.
+
+        Raises:
+            ConfigError: a variable is malformed or out of range (the message names it).
+        """
+        options = _from_environ(cls, os.environ if environ is None else environ)
+        return options if options.enabled else None
+
+
 class SweConfig(_Options, frozen=True, kw_only=True):
     """Configuration of episodes and rollouts (see the module docstring for the variables).
 
@@ -253,6 +318,7 @@ class SweConfig(_Options, frozen=True, kw_only=True):
         boot: how sandboxes boot, :class:`BootPolicy`.
         bash: the bash agent and its policy server, :class:`BashAgentOptions`.
         npm: CLI agents from npm, :class:`NpmOptions`.
+        ray: slime's episodes on a shared pool of Ray workers, :class:`RayOptions`.
     """
 
     backend: Annotated[Name, env("SWE_BACKEND")] = "local"
@@ -263,6 +329,7 @@ class SweConfig(_Options, frozen=True, kw_only=True):
     boot: BootPolicy = msgspec.field(default_factory=BootPolicy)
     bash: BashAgentOptions = msgspec.field(default_factory=BashAgentOptions)
     npm: NpmOptions = msgspec.field(default_factory=NpmOptions)
+    ray: RayOptions = msgspec.field(default_factory=RayOptions)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -355,33 +422,7 @@ class SweConfig(_Options, frozen=True, kw_only=True):
                 agent or backend is unknown (the message names the choices), or a protocol is
                 unknown or unusable.
         """
-        source = os.environ if environ is None else environ
-        given: list[tuple[tuple[str, ...], str, str, Any]] = []
-        for path, var, annotation in _options(cls):  # SWE_BACKEND comes first
-            raw = source.get(var, "").strip()
-            if not raw:
-                continue
-            try:
-                value = msgspec.convert(raw, annotation, strict=False)
-            except msgspec.ValidationError as exc:
-                raise ConfigError(f"{var}={raw!r}: {_describe(exc)}") from None
-            if isinstance(value, float) and not math.isfinite(value):
-                raise ConfigError(f"{var}={raw!r}: must be a finite number")
-            if path == ("backend",):
-                cls._check_backend(var, value)
-            given.append((path, var, raw, value))
-        try:
-            config = _build(cls, given)
-        except (ConfigError, msgspec.ValidationError):
-            # A check across a struct failed (a path that must exist, a name that must be
-            # registered): find the variable it is about, to name it.
-            for one in given:
-                try:
-                    _build(cls, [one])
-                except (ConfigError, msgspec.ValidationError) as exc:
-                    _, var, raw, _ = one
-                    raise ConfigError(f"{var}={raw!r}: {_describe(exc)}") from None
-            raise
+        config = _from_environ(cls, os.environ if environ is None else environ)
         config.validate_agent()
         if check_protocols:
             config.validate_protocols()
@@ -401,8 +442,46 @@ class SweConfig(_Options, frozen=True, kw_only=True):
             )
 
 
+def _from_environ(cls: type[S], source: Mapping[str, str]) -> S:
+    """``cls`` with every option whose variable is set in ``source``; errors name the variable.
+
+    Unset or blank variables keep their defaults. ``SWE_BACKEND`` (first in SweConfig) is
+    checked before the others.
+    """
+    given: list[tuple[tuple[str, ...], str, str, Any]] = []
+    for path, var, annotation in _options(cls):
+        raw = source.get(var, "").strip()
+        if not raw:
+            continue
+        value: Any = None  # the variable's word for None (``auto``), else converted
+        if raw != _none_word(annotation):
+            try:
+                value = msgspec.convert(raw, annotation, strict=False)
+            except msgspec.ValidationError as exc:
+                raise ConfigError(f"{var}={raw!r}: {_describe(exc)}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{var}={raw!r}: must be a finite number")
+        if path == ("backend",):
+            SweConfig._check_backend(var, value)
+        given.append((path, var, raw, value))
+    try:
+        return _build(cls, given)
+    except (ConfigError, msgspec.ValidationError):
+        # A check across a struct failed (a path that must exist, a name that must be
+        # registered): find the variable it is about, to name it.
+        for one in given:
+            try:
+                _build(cls, [one])
+            except (ConfigError, msgspec.ValidationError) as exc:
+                _, var, raw, _ = one
+                raise ConfigError(f"{var}={raw!r}: {_describe(exc)}") from None
+        raise
+
+
 _PATTERNS = {
     _URL_PATTERN: "must be an http:// or https:// URL with a host (and a port, if any)",
+    _WORD_PATTERN: "use letters, digits, '-', '_' and '.'",
+    _NO_SPACE_PATTERN: "must not contain spaces",
     r"\S": "must not be blank",
     r"^/": "must be an absolute path",
 }
@@ -430,6 +509,7 @@ def _describe(exc: Exception) -> str:
         "BootPolicy: ",
         "BashAgentOptions: ",
         "NpmOptions: ",
+        "RayOptions: ",
     ):
         text = text.removeprefix(prefix)
     for pattern, meaning in _PATTERNS.items():
@@ -457,6 +537,15 @@ def _env_of(annotation: Any) -> str | None:
         extra = meta.extra or {}
         if "env" in extra:
             return str(extra["env"])
+    return None
+
+
+def _none_word(annotation: Any) -> str | None:
+    """The value of the option's variable that means None (``env(..., none=...)``), if any."""
+    for meta in reversed(_metas(annotation)):
+        extra = meta.extra or {}
+        if "none" in extra:
+            return str(extra["none"])
     return None
 
 

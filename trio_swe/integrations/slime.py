@@ -23,7 +23,7 @@ from .. import aio
 from .._close import aclose_quietly
 from .._errors import ConfigError, MetadataError, PermanentBootError
 from ..agents import Agent, create_agent
-from ..config import BACKENDS, SweConfig, replace_option
+from ..config import BACKENDS, RayOptions, SweConfig, replace_option
 from ..episode import EpisodeResult, run_episode
 from ..grading import get_metadata
 from ..models import load_tokenizer
@@ -200,7 +200,7 @@ async def generate(
             )
             return result, _decoder(agent)
 
-    options = _ray_options()
+    options = _ray_options(config)
     if options is not None:
         # SWE_RAY_WORKERS: the episode runs on the shared pool of Ray workers; this process only
         # carries the call.
@@ -255,15 +255,19 @@ async def generate(
     return outs
 
 
-def _ray_options() -> Any:
-    """``SWE_RAY_*`` as :class:`trio_swe.ray.RayOptions`, or None when ``SWE_RAY_WORKERS`` is unset."""
-    if os.environ.get("SWE_RAY_WORKERS", "").strip() in ("", "0"):
+def _ray_options(config: SweConfig) -> RayOptions | None:
+    """``config.ray`` (``SWE_RAY_*``) when episodes go to the Ray pool, else None.
+
+    Raises:
+        ConfigError: ``SWE_RAY_WORKERS`` is set but Ray is not installed.
+    """
+    if not config.ray.enabled:
         return None
     try:
-        from ..ray import RayOptions
+        from .. import ray as _needs_the_ray_extra  # noqa: F401
     except ImportError as exc:
         raise ConfigError(f"SWE_RAY_WORKERS needs Ray: pip install 'trio-swe[ray]' ({exc})")
-    return RayOptions.from_env()
+    return config.ray
 
 
 async def _local_decoder(config: SweConfig) -> Callable[[list[int]], str]:
