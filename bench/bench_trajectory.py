@@ -36,6 +36,7 @@ episodes per round, ``BENCH_TRAJECTORY_RUNS`` (default 5) rounds.
 
 from __future__ import annotations
 
+import array
 import importlib
 import json
 import os
@@ -44,9 +45,9 @@ import statistics
 import sys
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -82,23 +83,6 @@ class Slime:
         self.manager = trajectory.TrajectoryManager()
         self.base = sample_cls(index=0, group_index=0, prompt="", label=None)
         self.note = note
-
-    def episode(self, turns: list[ListTurn], max_tokens: int) -> list[Any]:
-        """One episode's samples by slime's builder (as get_trajectory runs it per leaf)."""
-        traj = self.trajectory
-        chain = []
-        for prompt, output, lps in turns:
-            node = traj.MessageNode(role="assistant", message=None)
-            node.turn = traj.TurnRecord(
-                prompt_ids=prompt, output_ids=output, finish_reason="stop", output_log_probs=lps
-            )
-            chain.append(node)
-        samples: list[Any] = self.manager._chain_to_samples(
-            chain, base_sample=self.base, extra_metadata=None, max_sample_tokens=max_tokens
-        )
-        for s in samples:
-            s.reward = 1.0
-        return samples
 
 
 def load_slime() -> Slime | str:
@@ -136,47 +120,137 @@ def load_slime() -> Slime | str:
 # --- episodes ----------------------------------------------------------------------------------
 
 
-def make_episode(rng: random.Random, *, fresh: bool) -> list[ListTurn]:
-    """30 turns of (prompt, output, log-probs) lists; each prompt extends the last by the
-    output and a tool result."""
-    history = [rng.randrange(VOCAB) for _ in range(FIRST_PROMPT)]
-    turns: list[ListTurn] = []
-    for _ in range(TURNS):
-        output = [rng.randrange(VOCAB) for _ in range(rng.randint(100, 300))]
-        lps = [-rng.random() * 3 for _ in output]
-        # A fresh prompt is what a JSON decoder returns: new int objects, equal values.
-        prompt = msgspec.json.decode(msgspec.json.encode(history)) if fresh else history
-        turns.append((prompt, output, lps))
-        big = rng.random() < 0.3
-        result = [
-            rng.randrange(VOCAB) for _ in range(rng.randint(*(1500, 3500) if big else (100, 400)))
-        ]
-        history = history + output + result
-    return turns
+class Episode:
+    """One episode's tokens and turn boundaries. Each turn's lists are made just before they
+    are handed to a side (untimed), so every side gets them fresh from memory, as an agent
+    loop or an adapter would hand them over."""
+
+    def __init__(self, rng: random.Random) -> None:
+        ids = [rng.randrange(VOCAB) for _ in range(FIRST_PROMPT)]
+        self.turns: list[tuple[int, int, int]] = []  # (prompt length, output, tool result)
+        self.log_probs: list[array.array[float]] = []
+        for _ in range(TURNS):
+            n_out = rng.randint(100, 300)
+            n_result = rng.randint(*(1500, 3500) if rng.random() < 0.3 else (100, 400))
+            self.turns.append((len(ids), n_out, n_result))
+            ids += [rng.randrange(VOCAB) for _ in range(n_out + n_result)]
+            self.log_probs.append(array.array("d", [-rng.random() * 3 for _ in range(n_out)]))
+        self.ids = array.array("i", ids)
+
+    def feed(self, *, fresh: bool) -> Iterator[ListTurn]:
+        """(prompt, output, log-probs) lists per turn. ``fresh``: every list has new int
+        objects (``tolist``, like a JSON decoder's); else each prompt is the previous prompt +
+        output + tool result concatenated, sharing their int objects."""
+        ids = self.ids
+        prompt: list[int] = []
+        for k, (n_prompt, n_out, _) in enumerate(self.turns):
+            if fresh or not prompt:
+                prompt = ids[:n_prompt].tolist()
+            output = ids[n_prompt : n_prompt + n_out].tolist()
+            yield prompt, output, self.log_probs[k].tolist()
+            if not fresh:
+                end = n_prompt + n_out + self.turns[k][2]
+                prompt = prompt + output + ids[n_prompt + n_out : end].tolist()
+
+    def total_tokens(self) -> int:
+        n_prompt, n_out, _ = self.turns[-1]
+        return n_prompt + n_out
 
 
-def ours_recorder(turns: list[ListTurn], max_tokens: int) -> list[Sample]:
-    recorder = TurnRecorder()
-    builder = SampleBuilder(max_sample_tokens=max_tokens)
-    for prompt, output, lps in turns:
-        builder.add(recorder.record(prompt_ids=prompt, output_ids=output, output_log_probs=lps))
-    return builder.finish(reward=1.0)
+class Side(Protocol):
+    """One way of turning an episode's turns into samples, fed turn by turn."""
+
+    name: str
+
+    def start(self, index: int) -> None: ...
+    def turn(self, prompt: list[int], output: list[int], lps: list[float]) -> None: ...
+    def finish(self) -> list[Any]: ...
 
 
-def ours_from_lists(turns: list[ListTurn], max_tokens: int) -> list[Sample]:
-    builder = SampleBuilder(max_sample_tokens=max_tokens)
-    for prompt, output, lps in turns:
-        builder.add(
+class SlimeSide:
+    """slime: per turn the TurnRecord its adapter makes; at the end its builder over the
+    chain's assistant nodes (as get_trajectory runs it per routing leaf)."""
+
+    name = "slime _SampleBuilder (baseline)"
+
+    def __init__(self, slime: Slime) -> None:
+        self.slime = slime
+        self.chain: list[Any] = []
+
+    def start(self, index: int) -> None:
+        self.chain = []
+
+    def turn(self, prompt: list[int], output: list[int], lps: list[float]) -> None:
+        traj = self.slime.trajectory
+        node = traj.MessageNode(role="assistant", message=None)
+        node.turn = traj.TurnRecord(
+            prompt_ids=prompt, output_ids=output, finish_reason="stop", output_log_probs=lps
+        )
+        self.chain.append(node)
+
+    def finish(self) -> list[Any]:
+        slime = self.slime
+        samples: list[Any] = slime.manager._chain_to_samples(
+            self.chain, base_sample=slime.base, extra_metadata=None, max_sample_tokens=MAX_CONTEXT
+        )
+        for s in samples:
+            s.reward = 1.0
+        return samples
+
+
+class RecorderSide:
+    name = "trio_swe TurnRecorder + SampleBuilder"
+
+    def start(self, index: int) -> None:
+        self.recorder = TurnRecorder()
+        self.builder = SampleBuilder(max_sample_tokens=MAX_CONTEXT)
+
+    def turn(self, prompt: list[int], output: list[int], lps: list[float]) -> None:
+        self.builder.add(
+            self.recorder.record(prompt_ids=prompt, output_ids=output, output_log_probs=lps)
+        )
+
+    def finish(self) -> list[Sample]:
+        return self.builder.finish(reward=1.0)
+
+
+class FromListsSide(RecorderSide):
+    name = "trio_swe TurnRecord.from_lists + SampleBuilder"
+
+    def turn(self, prompt: list[int], output: list[int], lps: list[float]) -> None:
+        self.builder.add(
             TurnRecord.from_lists(prompt_ids=prompt, output_ids=output, output_log_probs=lps)
         )
-    return builder.finish(reward=1.0)
 
 
-def ours_buffers(records: list[TurnRecord], max_tokens: int) -> list[Sample]:
-    builder = SampleBuilder(max_sample_tokens=max_tokens)
-    for turn in records:
-        builder.add(turn)
-    return builder.finish(reward=1.0)
+class PrebuiltSide(RecorderSide):
+    """The builder alone: the records were made before (untimed); the lists are ignored."""
+
+    name = "trio_swe SampleBuilder, records prebuilt"
+
+    def __init__(self, records: list[list[TurnRecord]]) -> None:
+        self.records = records
+
+    def start(self, index: int) -> None:
+        super().start(index)
+        self.pending = iter(self.records[index])
+
+    def turn(self, prompt: list[int], output: list[int], lps: list[float]) -> None:
+        self.builder.add(next(self.pending))
+
+
+def run_side(side: Side, episode: Episode, index: int, *, fresh: bool) -> tuple[float, list[Any]]:
+    """CPU time of ``side`` over one episode (the lists' making excluded), and its samples."""
+    clock = time.process_time
+    side.start(index)
+    spent = 0.0
+    for prompt, output, lps in episode.feed(fresh=fresh):
+        t0 = clock()
+        side.turn(prompt, output, lps)
+        spent += clock() - t0
+    t0 = clock()
+    samples = side.finish()
+    return spent + clock() - t0, samples
 
 
 def check_same(ours: list[Sample], theirs: list[Any]) -> None:
@@ -212,50 +286,44 @@ def interleaved_medians(fns: Sequence[Callable[[], object]], runs: int) -> list[
 
 
 def episodes_rows(slime: Slime | str, *, fresh: bool) -> None:
-    rng = random.Random(13 if fresh else 31)
-    episodes = [make_episode(rng, fresh=fresh) for _ in range(EPISODES)]
+    rng = random.Random(13)
+    episodes = [Episode(rng) for _ in range(EPISODES)]
     records = [
-        [TurnRecord.from_lists(prompt_ids=p, output_ids=o, output_log_probs=lp) for p, o, lp in e]
+        [
+            TurnRecord.from_lists(prompt_ids=p, output_ids=o, output_log_probs=lp)
+            for p, o, lp in e.feed(fresh=True)
+        ]
         for e in episodes
     ]
-    lengths = [len(e[-1][0]) + len(e[-1][1]) for e in episodes]
+    lengths = [e.total_tokens() for e in episodes]
     cut = sum(n > MAX_CONTEXT for n in lengths)
-    kind = "fresh lists (a tokenizer's or JSON decoder's)" if fresh else "extended lists"
+    kind = "fresh lists (new int objects each turn)" if fresh else "extended lists"
     print(
         f"{kind}: {EPISODES} episodes of {TURNS} turns, {min(lengths):,}-{max(lengths):,} tokens"
-        f" ({cut} cut to {MAX_CONTEXT:,}), {sum(len(t[0]) for e in episodes for t in e):,}"
+        f" ({cut} cut to {MAX_CONTEXT:,}), {sum(t[0] for e in episodes for t in e.turns):,}"
         " prompt tokens in all"
     )
-
-    def side(fn: Callable[[Any, int], object], inputs: list[Any]) -> Callable[[], None]:
-        def run() -> None:
-            for x in inputs:
-                fn(x, MAX_CONTEXT)
-
-        return run
-
-    names = [
-        "trio_swe TurnRecorder + SampleBuilder",
-        "trio_swe TurnRecord.from_lists + SampleBuilder",
-        "trio_swe SampleBuilder, records prebuilt",
-    ]
-    fns = [
-        side(ours_recorder, episodes),
-        side(ours_from_lists, episodes),
-        side(ours_buffers, records),
-    ]
+    sides: list[Side] = [RecorderSide(), FromListsSide(), PrebuiltSide(records)]
     if isinstance(slime, Slime):
-        for e in episodes:
-            theirs = slime.episode(e, MAX_CONTEXT)
-            check_same(ours_recorder(e, MAX_CONTEXT), theirs)
-            check_same(ours_from_lists(e, MAX_CONTEXT), theirs)
-        names.insert(0, "slime _SampleBuilder (baseline)")
-        fns.insert(0, side(slime.episode, episodes))
-    times = interleaved_medians(fns, RUNS)
+        sides.insert(0, SlimeSide(slime))
+        for i, e in enumerate(episodes):  # the same samples, before anything is timed
+            theirs = run_side(sides[0], e, i, fresh=fresh)[1]
+            for side in sides[1:]:
+                check_same(run_side(side, e, i, fresh=fresh)[1], theirs)
+    # Rounds; in each, every episode is run by every side in turn (the load of the machine
+    # changes from second to second: all sides see the same).
+    times: list[list[float]] = [[] for _ in sides]
+    for _ in range(RUNS):
+        spent = [0.0] * len(sides)
+        for i, e in enumerate(episodes):
+            for k, side in enumerate(sides):
+                spent[k] += run_side(side, e, i, fresh=fresh)[0]
+        for k, t in enumerate(spent):
+            times[k].append(t)
     base = times[0] if isinstance(slime, Slime) else None
-    for name, ts in zip(names, times, strict=True):
+    for side, ts in zip(sides, times, strict=True):
         per = statistics.median(ts) / EPISODES
-        line = f"  {name:48s} {per * 1e3:8.2f} ms/episode"
+        line = f"  {side.name:48s} {per * 1e3:8.2f} ms/episode"
         if base is not None and ts is not base:
             ratios = sorted(b / t for b, t in zip(base, ts, strict=True))
             line += (

@@ -29,7 +29,7 @@ import trio
 from .._errors import InvalidArgumentError, PromptTooLongError
 from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory, ToolCall
 from ..sandbox import Sandbox
-from ..trajectory import TurnRecord
+from ..trajectory import TurnRecord, TurnRecorder
 from ._policy import Policy, PolicyError, PolicyOutput
 from ._tokenizer import Tokenizer, vocabulary_size
 from ._types import AgentFinish, AgentOutcome, AgentTask, BaseAgent
@@ -276,6 +276,9 @@ class BashAgent(BaseAgent):
             PolicyError: the policy failed, aborted, or sent ids outside the vocabulary.
         """
         turns: list[TurnRecord] = []
+        # The history is append-only: the records share one copy of it (each prompt's new
+        # tokens copied once), not one whole copy per turn.
+        recorder = TurnRecorder()
         transcript: list[str] = []
         stats = {"command_sec": 0.0, "policy_sec": 0.0, "n_commands": 0}
         finish: AgentFinish = "turn_limit"
@@ -309,7 +312,7 @@ class BashAgent(BaseAgent):
                 self._check_vocabulary(out)
                 parsed = chat.parse(out)
                 turns.append(
-                    TurnRecord.from_lists(
+                    recorder.record(
                         prompt_ids=chat.ids,
                         output_ids=out.output_ids,
                         output_log_probs=out.log_probs,
