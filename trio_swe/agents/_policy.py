@@ -75,9 +75,9 @@ class Policy(Protocol):
 # The reply is decoded into exactly what PolicyOutput holds. ``output_ids`` comes as the list
 # the tokenizer and the agent need (msgspec builds it directly); each ``output_token_logprobs``
 # entry ``[logprob, token_id, text]`` is decoded as a one-field array-like struct, so its id and
-# text are parsed but never become objects. Measured (``python -m bench trajectory``): x1.4 the
-# speed of decoding whole entries and rebuilding both lists from them. A reply without
-# ``output_ids`` (older servers) is decoded again with the entries' ids.
+# text are parsed but never become objects (the cheapest of the shapes tried; figures against
+# slime's adapter in ``python -m bench trajectory``). A reply without ``output_ids`` (older
+# servers) is decoded again with the entries' ids.
 
 
 class _LogprobOnly(msgspec.Struct, array_like=True, gc=False):
