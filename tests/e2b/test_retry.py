@@ -132,6 +132,8 @@ def _tls_connect() -> httpx.ConnectError:
             False,
         ),
         (ValueError("bug"), "fatal", False, True, False),
+        # httpcore's corrupted stream semaphore (see tests/e2b/test_pool_state.py).
+        (ValueError("semaphore released too many times"), "pool_state", True, True, True),
     ],
 )
 def test_table(exc: BaseException, kind: str, transient: bool, reached: bool, reset: bool) -> None:

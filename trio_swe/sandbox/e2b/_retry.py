@@ -156,6 +156,13 @@ def classify(exc: BaseException, *, stream_id: int | None = None) -> Failure:
         stream_id = getattr(exc, STREAM_ID_ATTR, None)
     if isinstance(exc, _connect.ConnectError):
         return _connect_failure(exc)
+    if isinstance(exc, ValueError) and "semaphore released too many times" in str(exc):
+        # httpcore 1.0's HTTP/2 connection, when the first request on a new connection is
+        # cancelled just after the preface (in the loop that sets its stream semaphore up),
+        # over-releases that semaphore once the server's SETTINGS arrive: the reading request
+        # fails with this, the events of other streams in that read are dropped. The
+        # connection cannot be trusted: replace it (the request may have been sent).
+        return Failure("pool_state", True, True, True)
     for kind, types, transient, reached, reset in _TABLE:
         if isinstance(exc, types):
             if kind == "remote_protocol":
