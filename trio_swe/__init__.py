@@ -55,6 +55,7 @@ from .sandbox import (
     SandboxSpec,
     exec_and_wait,
     open_sandbox,
+    wait_cleanups,
 )
 from .sandbox.docker import DockerBackend
 from .sandbox.e2b import E2BBackend
@@ -142,5 +143,6 @@ __all__ = [
     "run_evaluation",
     "run_rollouts",
     "truncate",
+    "wait_cleanups",
     "write_samples",
 ]

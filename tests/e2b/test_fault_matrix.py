@@ -28,7 +28,7 @@ import msgspec
 import pytest
 import trio
 
-from trio_swe import ExecResult, exec_and_wait, open_sandbox
+from trio_swe import ExecResult, exec_and_wait, open_sandbox, wait_cleanups
 from trio_swe.testing import REFUSED_STREAM, Fault, FaultPlan
 
 from .helpers import ThreadedServer, e2b_backend_for, open_server_in_thread
@@ -194,6 +194,7 @@ async def run_matrix(
                         quiet.set()
                     await quiet.wait()
                     logs[k] = await sb.read_file("/tmp/effects")
+                    await wait_cleanups(sb)  # calls remove their files after returning
                     left = await sb.exec("ls -A /tmp/.trio_swe 2>/dev/null; true", cwd="/")
                     leftovers[k] = left.output.strip()
 

@@ -1,6 +1,6 @@
 """Sandboxes: the protocol, ``open_sandbox``, backends and detached execution."""
 
-from ._detached import exec_and_wait
+from ._detached import exec_and_wait, wait_cleanups
 from ._images import ImageMap, ImageSource, check_image, image_for
 from ._open import open_sandbox
 from ._protocol import Backend, Sandbox
@@ -37,4 +37,5 @@ __all__ = [
     "open_backend",
     "open_sandbox",
     "register_backend",
+    "wait_cleanups",
 ]

@@ -12,10 +12,15 @@ One call makes these RPCs:
 3. one ``exec`` per ``poll_interval_sec`` of the wait script, from a poller task in the sandbox's
    nursery; each blocks in the sandbox until the launcher exits (``flock``), so the end of the
    command is seen at once;
-4. ``read_file`` of the output when ``want_output``; then one ``exec`` removing the directory.
+4. ``read_file`` of the output when ``want_output`` and it did not come inline.
+
+The call returns then. Removing its directory is one more ``exec``, run *after* the call has
+returned, as a background task of the sandbox (see :class:`_Cleanups`): it never delays the
+caller, and a sandbox closed first makes it moot (the kill takes its files with it).
 
 On budget overrun, outside cancellation or any error, one ``exec`` of the kill script (under a
-shielded, time-bounded cancel scope) kills every process of the call and removes its files.
+shielded, time-bounded cancel scope) kills every process of the call and removes its files
+before the call ends.
 """
 
 from __future__ import annotations
@@ -67,6 +72,11 @@ MAX_POLL_INTERVAL_SEC = 300.0
 #: Backoff between attempts of an RPC whose sandbox did not answer (full jitter, capped).
 _UNREACHABLE_BASE_SEC = 0.1
 _UNREACHABLE_CAP_SEC = 5.0
+#: A finished call's directory is removed this long after the call returned (sooner when
+#: :func:`wait_cleanups` or a call with the same tag asks): a sandbox closed meanwhile (the
+#: usual end of an episode's last command) never pays that RPC, and a burst of commands ending
+#: together hands out every exit code before their cleanups compete for the connection.
+CLEANUP_DELAY_SEC = 1.0
 
 T = TypeVar("T")
 
@@ -128,7 +138,84 @@ async def exec_and_wait(
     plan = make_plan(
         cmd, workdir=workdir if workdir is not None else sb.workdir, tag=tag, user=user, env=env
     )
+    # A finished call with this tag may still have its cleanup pending: let it finish first,
+    # or it would remove the new call's files.
+    await _Cleanups.of(sb).settle(plan.dir)
     return await _Call(sb, plan, want_output=want_output, poll_sec=poll).run(budget)
+
+
+async def wait_cleanups(sb: Sandbox) -> None:
+    """Return once every finished ``exec_and_wait`` call in ``sb`` has removed its files.
+
+    A call returns before its directory is removed (that RPC runs as a background task of the
+    sandbox, shortly after); closing the sandbox makes pending removals moot. This runs those still
+    pending now and waits for them, for callers that need the sandbox's ``/tmp`` clean while it
+    lives (tests do). Removal is best effort: a sandbox that fails leaves them to its kill.
+    """
+    await _Cleanups.of(sb).settle(None)
+
+
+class _Cleanups:
+    """The deferred directory removals of one sandbox, by sandbox id (so wrappers of a sandbox
+    share them). An entry lives while removals are pending, no longer."""
+
+    _by_sandbox: dict[str, _Cleanups] = {}
+
+    def __init__(self, sandbox_id: str) -> None:
+        self.sandbox_id = sandbox_id
+        # directory -> (ask it to run now, it is done)
+        self.pending: dict[str, tuple[trio.Event, trio.Event]] = {}
+
+    @classmethod
+    def of(cls, sb: Sandbox) -> _Cleanups:
+        table = cls._by_sandbox.get(sb.id)
+        return table if table is not None else cls(sb.id)
+
+    def defer(self, sb: Sandbox, directory: str, remove: Callable[[], Awaitable[None]]) -> None:
+        """Run ``remove`` in the background after ``CLEANUP_DELAY_SEC`` (or when asked).
+
+        Not shielded: the sandbox closing cancels it, and its kill removes the files anyway.
+        """
+        if directory in self.pending:
+            return  # already scheduled (a replayed finish): one removal suffices
+        now, done = trio.Event(), trio.Event()
+
+        async def task() -> None:
+            try:
+                with trio.move_on_after(CLEANUP_DELAY_SEC):
+                    await now.wait()
+                # The sandbox closing cancels this task: then no RPC may begin (a backend may
+                # shield the start of an exec), the kill makes it moot.
+                await trio.lowlevel.checkpoint_if_cancelled()
+                await remove()
+            finally:
+                self._forget(directory, done)
+
+        self.pending[directory] = (now, done)
+        self._by_sandbox[self.sandbox_id] = self
+        try:
+            sb.start_background(task)
+        except SandboxNotRunningError:  # the sandbox is closing: its kill takes the files
+            self._forget(directory, done)
+
+    def _forget(self, directory: str, done: trio.Event) -> None:
+        if self.pending.get(directory, (None, done))[1] is done:
+            del self.pending[directory]
+        if not self.pending and self._by_sandbox.get(self.sandbox_id) is self:
+            del self._by_sandbox[self.sandbox_id]
+        done.set()
+
+    async def settle(self, directory: str | None) -> None:
+        """Run the pending removal of ``directory`` (every one when None) now and wait for it."""
+        if directory is not None:
+            entry = self.pending.get(directory)
+            waits = [entry] if entry is not None else []
+        else:
+            waits = list(self.pending.values())
+        for now, _ in waits:
+            now.set()
+        for _, done in waits:
+            await done.wait()
 
 
 class _Mailbox:
@@ -266,10 +353,8 @@ class _Call:
         status, size = parse_done(reply, nonce=self.plan.nonce)
         try:
             output, truncated = await self._output(reply.tail, status, size)
-        except BaseException:
-            await self._cleanup()
-            raise
-        await self._cleanup()
+        finally:
+            self._cleanup_later()
         return ExecResult(
             exit_code=status,
             output=output,
@@ -298,7 +383,7 @@ class _Call:
                 output, truncated = tail, size > DEFAULT_TAIL_BYTES
         finally:
             if self.want_output:
-                await self._cleanup()
+                self._cleanup_later()
         return ExecResult(
             exit_code=EXIT_TIME_BUDGET_EXCEEDED,
             output=output,
@@ -349,9 +434,13 @@ class _Call:
         )
         return None
 
+    def _cleanup_later(self) -> None:
+        """Remove the call's directory after the call has returned (see :class:`_Cleanups`)."""
+        _Cleanups.of(self.sb).defer(self.sb, self.plan.dir, self._cleanup)
+
     async def _cleanup(self) -> None:
-        """Remove the call's directory; shielded, bounded, best-effort (the result is known)."""
-        with trio.CancelScope(shield=True, deadline=trio.current_time() + KILL_TIMEOUT_SEC):
+        """Remove the call's directory; bounded, best-effort (the result is known)."""
+        with trio.move_on_after(KILL_TIMEOUT_SEC):
             try:
                 await self._persist(
                     lambda: self.sb.exec(
@@ -362,8 +451,11 @@ class _Call:
                         idempotent=True,
                     )
                 )
-            except SandboxError:
-                pass  # a leftover directory in a broken sandbox must not hide a known result
+            except Exception:
+                # Best effort, in the background: nothing may escape into the sandbox's block. A sandbox
+                # being killed under the RPC refuses it in backend-specific ways (a cwd gone...),
+                # and its kill removes the directory anyway.
+                pass
 
     async def _persist(self, rpc: Callable[[], Awaitable[T]]) -> T:
         """Run a replay-safe RPC until it answers, however many attempts that takes.
