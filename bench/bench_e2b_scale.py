@@ -1,0 +1,354 @@
+"""E2B client at scale: 1,000 and 10,000 concurrent detached commands, one client process.
+
+The server is the envd test server in its synthetic mode (``trio_swe.testing.SyntheticBackend``:
+commands are timers, files are in memory) in a subprocess of its own, over TLS + HTTP/2 on
+loopback, so what is measured here is the client: ``E2BBackend`` + ``exec_and_wait`` on one trio
+thread.
+
+Each of N sandboxes is created on a ramp (``N / RATE`` s), runs one detached
+``sleep D; exit K``, and is killed. Every command is still running at the end of the ramp plus
+a hold (two long-poll intervals), and the ends are spread uniformly over ``N / END_RATE`` s
+after that. Reported:
+
+* errors (exceptions or wrong exit codes; must be 0);
+* client peak RSS;
+* client CPU % of one core in steady state: all N spawned, none ended (sampled every second);
+  the server's in the same window, to show it is not the bottleneck;
+* end -> caller has the exit code: the server's scheduled end of each command
+  (``time.monotonic()``, one clock for both processes) to the return of ``exec_and_wait``;
+  p50 / p99 / max;
+* connections and streams per connection (the client pool's, and the server's count).
+
+Run: ``python -m bench e2b_scale`` (1,000 only, about 2 minutes);
+``TRIO_SWE_SCALE_N=1000,10000 python -m bench e2b_scale`` for both (10,000 takes 5-10 minutes
+on 2 cores). ``TRIO_SWE_SCALE_POLL`` sets ``poll_interval_sec`` (default 20, the library's),
+``TRIO_SWE_SCALE_STREAMS`` / ``TRIO_SWE_SCALE_CONNS`` the pool's caps.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import resource
+import time
+from typing import Any
+
+import trio
+
+RATE = float(os.environ.get("TRIO_SWE_SCALE_RATE", "100"))  # sandboxes started per second
+END_RATE = float(os.environ.get("TRIO_SWE_SCALE_END_RATE", "50"))  # command ends per second
+POLL = float(os.environ.get("TRIO_SWE_SCALE_POLL", "20"))
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _pool_figures(stats: Any) -> list[dict[str, Any]]:
+    pools = stats["pools"] if isinstance(stats, dict) else getattr(stats, "pools", [])
+    out = []
+    for p in pools:
+        get = p.get if isinstance(p, dict) else lambda k, p=p: getattr(p, k)
+        out.append(
+            {
+                k: get(k)
+                for k in (
+                    "connections",
+                    "connections_opened",
+                    "active_streams",
+                    "peak_streams",
+                    "slot_waits",
+                    "streams_per_connection",
+                )
+            }
+        )
+    return out
+
+
+def run_one(n: int, srv: Any) -> dict[str, Any]:
+    from trio_swe import exec_and_wait, open_sandbox
+    from trio_swe.sandbox.e2b import E2BBackend
+
+    info = srv.info
+    ramp = n / RATE
+    hold = 2 * POLL + 5.0
+    spread = n / END_RATE
+    kw: dict[str, Any] = {}
+    if "TRIO_SWE_SCALE_STREAMS" in os.environ:
+        kw["streams_per_connection"] = int(os.environ["TRIO_SWE_SCALE_STREAMS"])
+    if "TRIO_SWE_SCALE_CONNS" in os.environ:
+        kw["max_connections"] = int(os.environ["TRIO_SWE_SCALE_CONNS"])
+
+    async def main() -> dict[str, Any]:
+        errors: list[str] = []
+        returned: dict[str, float] = {}
+        samples: list[
+            tuple[float, float, float, int, int]
+        ] = []  # t, cpu, server cpu, spawned, done
+        done = 0
+        async with E2BBackend(
+            api_key=info["api_key"],
+            api_url=info["api_url"],
+            sandbox_url=info["sandbox_url"],
+            verify=info["ca_path"],
+            **kw,
+        ) as backend:
+            t0 = time.monotonic()
+            first_end = t0 + ramp + hold
+
+            async def one(i: int) -> None:
+                nonlocal done
+                await trio.sleep_until(trio.current_time() + i / RATE - (time.monotonic() - t0))
+                code = i % 7
+                end = first_end + spread * i / n
+                try:
+                    async with open_sandbox(backend, "base", workdir="/tmp", ttl_sec=3600) as sb:
+                        sec = max(1.0, end - time.monotonic())
+                        r = await exec_and_wait(
+                            sb,
+                            f"sleep {sec:.3f}; exit {code}",
+                            time_budget_sec=sec + 600,
+                            poll_interval_sec=POLL,
+                        )
+                        returned[r.tag or ""] = time.monotonic()
+                        if r.exit_code != code:
+                            errors.append(f"{i}: {r}")
+                except Exception as exc:
+                    errors.append(f"{i}: {exc!r}")
+                finally:
+                    done += 1
+
+            async def monitor() -> None:
+                while True:
+                    stats = await trio.to_thread.run_sync(srv.query, "stats")
+                    spawned = stats["synthetic"]["by_shape"]["spawn"]
+                    samples.append((time.monotonic(), _cpu(), stats["cpu_sec"], spawned, done))
+                    await trio.sleep(1.0)
+
+            pools_steady: list[dict[str, Any]] = []
+
+            async def snapshot_pools() -> None:
+                await trio.sleep_until(trio.current_time() + (first_end - time.monotonic()) - 1.0)
+                pools_steady.extend(_pool_figures(backend.statistics()))
+
+            async with trio.open_nursery() as outer:
+                outer.start_soon(monitor)
+                outer.start_soon(snapshot_pools)
+                async with trio.open_nursery() as nursery:
+                    for i in range(n):
+                        nursery.start_soon(one, i)
+                outer.cancel_scope.cancel()
+            wall = time.monotonic() - t0
+            pools_end = _pool_figures(backend.statistics())
+        return {
+            "errors": errors,
+            "returned": returned,
+            "samples": samples,
+            "first_end": first_end,
+            "wall": wall,
+            "pools_steady": pools_steady,
+            "pools_end": pools_end,
+        }
+
+    out = trio.run(main)
+    ends: dict[str, float] = srv.query("ends")
+    stats = srv.query("stats")
+    replied: dict[str, float] = srv.query("replied")
+    lat = [out["returned"][t] - ends[t] for t in out["returned"] if t in ends]
+    srv_lat = [replied[t] - ends[t] for t in out["returned"] if t in ends and t in replied]
+    # Steady state: every command spawned, none ended yet.
+    steady = [s for s in out["samples"] if s[3] >= n and s[0] < out["first_end"]]
+    cpu = srv_cpu = math.nan
+    window = 0.0
+    if len(steady) >= 2:
+        window = steady[-1][0] - steady[0][0]
+        cpu = (steady[-1][1] - steady[0][1]) / window * 100
+        srv_cpu = (steady[-1][2] - steady[0][2]) / window * 100
+    return {
+        "n": n,
+        "errors": out["errors"],
+        "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "cpu_pct": cpu,
+        "server_cpu_pct": srv_cpu,
+        "window": window,
+        "p50": _pct(lat, 0.5) * 1e3,
+        "p99": _pct(lat, 0.99) * 1e3,
+        "max": max(lat) * 1e3 if lat else math.nan,
+        "measured": len(lat),
+        "server_p50": _pct(srv_lat, 0.5) * 1e3,
+        "server_p99": _pct(srv_lat, 0.99) * 1e3,
+        "wall": out["wall"],
+        "pools_steady": out["pools_steady"],
+        "pools_end": out["pools_end"],
+        "server_connections": stats["server"]["connections"],
+        "server_peak_rss_mb": stats["peak_rss_mb"],
+        "ramp": n / RATE,
+        "spread": n / END_RATE,
+    }
+
+
+def _report(r: dict[str, Any]) -> None:
+    n = r["n"]
+    print(
+        f"  N = {n:,} concurrent detached `sleep D; exit K` (ramp {r['ramp']:.0f} s, ends spread "
+        f"over {r['spread']:.0f} s, poll {POLL:g} s), wall {r['wall']:.0f} s"
+    )
+    print(f"    errors                         {len(r['errors'])}  {r['errors'][:3]}")
+    print(f"    client peak RSS                {r['rss_mb']:.0f} MB")
+    print(
+        f"    client CPU, steady state       {r['cpu_pct']:.1f} % of one core "
+        f"(over {r['window']:.0f} s; server {r['server_cpu_pct']:.1f} %)"
+    )
+    print(
+        f"    end -> caller has exit code    p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, "
+        f"max {r['max']:.0f} ms ({r['measured']} calls)"
+    )
+    print(
+        f"      of which the server's reply  p50 {r['server_p50']:.0f} ms, "
+        f"p99 {r['server_p99']:.0f} ms (end -> its wait reply is ready)"
+    )
+    for p in r["pools_steady"]:
+        conns = max(1, p["connections"])
+        print(
+            f"    steady: {p['connections']} connections, {p['active_streams']} streams "
+            f"({p['active_streams'] / conns:.0f} per connection, cap "
+            f"{p['streams_per_connection']}), slot waits {p['slot_waits']}"
+        )
+    for p in r["pools_end"]:
+        print(
+            f"    end: {p['connections_opened']} connections opened, peak {p['peak_streams']} "
+            f"streams; server saw {r['server_connections']} connections "
+            f"(server peak RSS {r['server_peak_rss_mb']:.0f} MB)"
+        )
+
+
+def main() -> None:
+    from trio_swe.testing import EnvdServerProcess
+
+    if os.environ.get("TRIO_SWE_SCALE_STALL", "1") == "1":
+        main_stall()
+    sizes = [int(x) for x in os.environ.get("TRIO_SWE_SCALE_N", "1000").split(",") if x]
+    print("E2B client at scale, synthetic envd server in a subprocess (TLS h2, loopback)")
+    for n in sizes:
+        with EnvdServerProcess(synthetic=True, tls=True) as srv:
+            _report(run_one(n, srv))
+    print(
+        "  goals (issue 13): 0 errors; at 10,000 RSS < 1 GB and CPU < 50 %; "
+        "end -> exit code p50 <= 100 ms, p99 <= 300 ms at 1,000"
+    )
+
+
+if __name__ == "__main__":
+    main()
+
+
+# --- the 200-sandbox spawn stall (issue 13) ---------------------------------------------------
+
+
+class _SpawnClock:
+    """Wraps a sandbox; records when each detached spawn RPC returned (by the call's tag)."""
+
+    def __init__(self, sb: Any, returned: dict[str, float]) -> None:
+        self._sb = sb
+        self._returned = returned
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sb, name)
+
+    async def exec(self, cmd: str, **kw: Any) -> Any:
+        result = await self._sb.exec(cmd, **kw)
+        if "trio-swe-launcher" in cmd:
+            tag = cmd.split("cd ", 1)[1].split(" ", 1)[0].rsplit("/", 1)[-1]
+            self._returned[tag] = time.monotonic()
+        return result
+
+
+def run_stall(n: int, srv: Any, *, together: bool, sec: float, poll: float) -> dict[str, Any]:
+    """N sandboxes boot (``boot_sec`` on the server) and each runs one detached ``sleep sec``:
+    booted and run together, or all booted first. Spawn lag = spawn RPC returned (client) -
+    command started (server)."""
+    from trio_swe import exec_and_wait, open_sandbox
+    from trio_swe.sandbox.e2b import E2BBackend
+
+    info = srv.info
+
+    async def main() -> dict[str, Any]:
+        spawn_returned: dict[str, float] = {}
+        durations: dict[str, float] = {}
+        errors: list[str] = []
+        booted = trio.Event()
+        count = 0
+        async with E2BBackend(
+            api_key=info["api_key"],
+            api_url=info["api_url"],
+            sandbox_url=info["sandbox_url"],
+            verify=info["ca_path"],
+        ) as backend:
+
+            async def one(i: int) -> None:
+                nonlocal count
+                try:
+                    async with open_sandbox(backend, "base", workdir="/tmp") as raw:
+                        count += 1
+                        if count == n:
+                            booted.set()
+                        if not together:
+                            await booted.wait()
+                        sb = _SpawnClock(raw, spawn_returned)
+                        r = await exec_and_wait(
+                            sb, f"sleep {sec}", time_budget_sec=sec + 600, poll_interval_sec=poll
+                        )
+                        durations[r.tag or ""] = sec
+                        if r.exit_code != 0:
+                            errors.append(f"{i}: {r}")
+                except Exception as exc:
+                    errors.append(f"{i}: {exc!r}")
+
+            async with trio.open_nursery() as nursery:
+                for i in range(n):
+                    nursery.start_soon(one, i)
+        return {"spawn_returned": spawn_returned, "durations": durations, "errors": errors}
+
+    out = trio.run(main)
+    ends: dict[str, float] = srv.query("ends")
+    lags = [
+        out["spawn_returned"][t] - (ends[t] - out["durations"][t])
+        for t in out["spawn_returned"]
+        if t in ends and t in out["durations"]
+    ]
+    return {
+        "p50": _pct(lags, 0.5),
+        "p90": _pct(lags, 0.9),
+        "max": max(lags) if lags else math.nan,
+        "errors": out["errors"],
+        "n": len(lags),
+    }
+
+
+def main_stall() -> None:
+    from trio_swe.testing import EnvdServerProcess
+
+    n = int(os.environ.get("TRIO_SWE_STALL_N", "200"))
+    boot = float(os.environ.get("TRIO_SWE_STALL_BOOT", "3"))
+    sec, poll = 20.0, 5.0
+    print(
+        f"spawn stall: {n} sandboxes (synthetic boot {boot:g} s), detached `sleep {sec:g}`, "
+        f"poll {poll:g} s; spawn lag = spawn RPC returned - command started"
+    )
+    for together in (True, False):
+        with EnvdServerProcess(synthetic=True, tls=True, boot_sec=boot) as srv:
+            r = run_stall(n, srv, together=together, sec=sec, poll=poll)
+        how = "booted and run together" if together else "all booted first     "
+        print(
+            f"  {how}: p50 {r['p50'] * 1e3:7.0f} ms  p90 {r['p90'] * 1e3:7.0f} ms  "
+            f"max {r['max'] * 1e3:7.0f} ms  ({r['n']} spawns, {len(r['errors'])} errors "
+            f"{r['errors'][:2]})"
+        )
