@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -12,10 +13,13 @@ from hypothesis import strategies as st
 from trio_swe.grading._patch import (
     apply_script,
     is_empty_patch,
+    parse_head,
     parse_refusal,
     parse_verdict,
+    printf_bytes,
     refused_paths,
     touched_paths,
+    wrong_head,
 )
 
 from ._calc import git
@@ -44,19 +48,47 @@ def _diff_of(repo: Path, edits: dict[str, str]) -> str:
     return diff
 
 
-def _apply(repo: Path, patch: str, tmp_path: Path) -> tuple[bool, str | None, str]:
-    (tmp_path / "p.diff").write_text(patch)
-    (tmp_path / "p.list").write_bytes(b"".join(p.encode() + b"\0" for p in touched_paths(patch)))
+def _apply(
+    repo: Path,
+    patch: str | bytes,
+    tmp_path: Path,
+    *,
+    inline: bool = True,
+    expect_head: str | None = None,
+) -> tuple[bool, str | None, str]:
+    """Run the ladder as the graders do: the touched paths inline in the script (default), or
+    written to a list file first (the fallback for very large patches)."""
+    out = _run_script(repo, patch, tmp_path, inline=inline, expect_head=expect_head)
+    applied, rung = parse_verdict(out)
+    log_path = tmp_path / "state" / "apply.log"
+    log = log_path.read_text(errors="replace") if log_path.exists() else ""
+    return applied, rung, log + (parse_refusal(out) or "")
+
+
+def _run_script(
+    repo: Path,
+    patch: str | bytes,
+    tmp_path: Path,
+    *,
+    inline: bool = True,
+    expect_head: str | None = None,
+) -> str:
+    data = patch.encode() if isinstance(patch, str) else patch
+    paths = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in touched_paths(data))
+    (tmp_path / "p.diff").write_bytes(data)
+    if not inline:
+        (tmp_path / "p.list").write_bytes(paths)
     script = apply_script(
         workdir=str(repo),
-        patch_path=str(tmp_path / "p.diff"),
+        patch_path=None if is_empty_patch(data) else str(tmp_path / "p.diff"),
         list_path=str(tmp_path / "p.list"),
         state_dir=str(tmp_path / "state"),
+        paths=paths if inline else None,
+        expect_head=expect_head,
     )
-    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True)
-    applied, rung = parse_verdict(out.stdout)
-    log = (tmp_path / "state" / "apply.log").read_text() if (tmp_path / "state").exists() else ""
-    return applied, rung, log + (parse_refusal(out.stdout) or "")
+    return subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout.decode(
+        errors="replace"
+    )
 
 
 def _status(repo: Path) -> str:
@@ -88,7 +120,8 @@ def test_drifted_context_falls_through_to_patch_fuzz(tmp_path: Path) -> None:
     assert not list(repo.glob("*.orig"))
 
 
-def test_failed_rungs_leave_the_tree_as_it_was(tmp_path: Path) -> None:
+@pytest.mark.parametrize("inline", [True, False], ids=["paths_inline", "paths_in_a_file"])
+def test_failed_rungs_leave_the_tree_as_it_was(tmp_path: Path, inline: bool) -> None:
     repo = _repo(tmp_path, {"f.txt": LINES, "g.txt": "g\n"})
     # A two-hunk patch whose second hunk cannot apply anywhere: --reject and patch would each
     # apply the first hunk and leave .rej files; git apply --3way would leave conflict markers.
@@ -102,7 +135,7 @@ def test_failed_rungs_leave_the_tree_as_it_was(tmp_path: Path) -> None:
     (repo / "g.txt").write_text("g changed by setup\n")
     (repo / "untracked.txt").write_text("keep me\n")
     before = _status(repo)
-    applied, rung, log = _apply(repo, bad, tmp_path)
+    applied, rung, log = _apply(repo, bad, tmp_path, inline=inline)
     assert (applied, rung) == (False, None)
     for name in ("git_apply", "git_apply_3way", "git_apply_reject", "patch_fuzz"):
         assert f"+ {name}" in log
@@ -216,3 +249,98 @@ def test_patch_rung_never_writes_beyond_a_symlink(tmp_path: Path) -> None:
     assert (applied, rung) == (False, None)
     assert not (outside / "planted").exists()
     assert "escape/planted is beyond the symlink escape" in log
+
+
+@given(st.binary(max_size=300))
+def test_printf_bytes_writes_exactly_the_bytes(data: bytes) -> None:
+    arg = printf_bytes(data)
+    assert arg.isascii()
+    out = subprocess.run(["bash", "-c", 'printf %b "$1"', "-", arg], capture_output=True)
+    assert out.stdout == data
+
+
+def test_inline_paths_restore_files_with_any_name(tmp_path: Path) -> None:
+    # Names with spaces, quotes, a backslash and bytes that are not UTF-8 reach the snapshot
+    # intact: a failing patch leaves each file as it was.
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    names = [b"sp ace.txt", b"q'uo\"te\\.txt", b"lat\xe9n1.txt", b"%s%b.txt"]
+    for n in names:
+        (repo / os.fsdecode(n)).write_bytes(b"old\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "i")
+    for n in names:
+        (repo / os.fsdecode(n)).write_bytes(b"new\n")
+    diff = subprocess.run(
+        ["git", "-C", str(repo), "-c", "core.quotepath=off", "diff", "--binary"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    git(repo, "checkout", "-q", ".")
+    # The first file's hunk applies, the last cannot: rungs that apply partially must roll back.
+    bad = diff + b"diff --git a/zz.txt b/zz.txt\n--- a/zz.txt\n+++ b/zz.txt\n@@ -1 +1 @@\n-no\n+x\n"
+    assert {os.fsencode(p) for p in touched_paths(bad)} >= set(names)
+    (repo / "zz.txt").write_bytes(b"other\n")
+    applied, rung, log = _apply(repo, bad, tmp_path)
+    assert (applied, rung) == (False, None), log
+    assert "+ patch_fuzz" in log
+    for n in names:
+        assert (repo / os.fsdecode(n)).read_bytes() == b"old\n", n
+    assert _apply(repo, diff, tmp_path)[:2] == (True, "git_apply")
+    for n in names:
+        assert (repo / os.fsdecode(n)).read_bytes() == b"new\n", n
+
+
+def _head(repo: Path) -> str:
+    return git(repo, "rev-parse", "HEAD").strip()
+
+
+@pytest.mark.parametrize("want", ["full", "prefix", "upper"])
+def test_expected_head_applies(tmp_path: Path, want: str) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    patch = _diff_of(repo, {"f.txt": LINES.replace("15\n", "fifteen\n")})
+    head = _head(repo)
+    expect = {"full": head, "prefix": head[:7], "upper": head.upper()}[want]
+    out = _run_script(repo, patch, tmp_path, expect_head=expect)
+    assert parse_head(out) == head
+    assert not wrong_head(out)
+    assert parse_verdict(out) == (True, "git_apply")
+    assert "fifteen" in (repo / "f.txt").read_text()
+
+
+@pytest.mark.parametrize("want", ["other_commit", "too_short", "not_hex"])
+def test_another_head_applies_nothing(tmp_path: Path, want: str) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    base = _head(repo)
+    patch = _diff_of(repo, {"f.txt": LINES.replace("15\n", "fifteen\n")})
+    (repo / "g.txt").write_text("g\n")
+    git(repo, "add", "g.txt")
+    git(repo, "commit", "-qm", "later")
+    head = _head(repo)
+    expect = {"other_commit": base, "too_short": head[:6], "not_hex": "main"}[want]
+    out = _run_script(repo, patch, tmp_path, expect_head=expect)
+    assert wrong_head(out)
+    assert parse_head(out) == head
+    assert parse_verdict(out) == (False, None)
+    assert (repo / "f.txt").read_text() == LINES  # nothing applied
+    assert not (tmp_path / "state" / "files.tar").exists()
+
+
+def test_expected_head_with_an_empty_patch(tmp_path: Path) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    head = _head(repo)
+    out = _run_script(repo, "", tmp_path, expect_head=head)
+    assert (parse_head(out), wrong_head(out), parse_verdict(out)) == (head, False, (True, "empty"))
+    out = _run_script(repo, "", tmp_path, expect_head="0" * 40)
+    assert (parse_head(out), wrong_head(out)) == (head, True)
+
+
+def test_a_workdir_without_commits_is_not_checked(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "f.txt").write_text(LINES)
+    out = _run_script(repo, "", tmp_path, expect_head="0" * 40)
+    assert (parse_head(out), wrong_head(out), parse_verdict(out)) == ("", False, (True, "empty"))
+    assert parse_head("@@TRIO_SWE_APPLY ok empty\n") is None  # not asked for

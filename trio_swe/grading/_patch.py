@@ -269,16 +269,47 @@ def refused_paths(patch: str | bytes) -> list[str]:
     return [f"{path!r} {why}" for path, why in found.items()]
 
 
-def apply_script(*, workdir: str, patch_path: str, list_path: str, state_dir: str) -> str:
+#: Printed before any rung when the caller asked for the checkout's commit
+#: (``@@TRIO_SWE_HEAD <sha>``; empty when the workdir has no commit).
+HEAD_MARK: Final = "@@TRIO_SWE_HEAD"
+_HEX_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+#: Bytes written as themselves by :func:`printf_bytes`; every other byte as an octal escape.
+_PRINTF_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/-+,:@=")
+
+
+def printf_bytes(data: bytes) -> str:
+    """An ASCII argument of bash's ``printf '%b'`` that prints exactly ``data`` (NULs and any
+    byte included): every byte outside a safe set becomes ``\\0NNN``."""
+    return "".join(chr(b) if b in _PRINTF_SAFE else f"\\0{b:03o}" for b in data)
+
+
+def apply_script(
+    *,
+    workdir: str,
+    patch_path: str | None,
+    list_path: str,
+    state_dir: str,
+    paths: bytes | None = None,
+    expect_head: str | None = None,
+) -> str:
     """The bash script that runs the ladder in ``workdir``.
 
     Args:
         workdir: the repository.
-        patch_path: the diff, already written in the sandbox.
-        list_path: NUL-separated :func:`touched_paths`, already written in the sandbox.
+        patch_path: the diff, already written in the sandbox; None for an empty patch (then
+            the script only does the ``expect_head`` check and reports rung ``empty``).
+        list_path: where the NUL-separated :func:`touched_paths` are (already written, unless
+            ``paths`` is given).
         state_dir: a fresh directory for the snapshot and the rungs' log (``apply.log``).
+        paths: the NUL-separated touched paths; the script writes them to ``list_path`` itself
+            (one file write fewer; they travel as ASCII escapes, see :func:`printf_bytes`).
+        expect_head: the commit the checkout must be (a row's ``base_commit``; a prefix of at
+            least 7 hex digits matches). The script prints :data:`HEAD_MARK` and, when the
+            checkout is another commit, applies nothing (verdict ``wrong_head``). A workdir
+            with no commit is not checked.
 
-    The script always exits 0 and prints :data:`VERDICT` lines; parse with :func:`parse_verdict`.
+    The script always exits 0 and prints :data:`VERDICT` lines; parse with :func:`parse_verdict`,
+    :func:`parse_refusal` and :func:`parse_head`.
     """
     q = shlex.quote
     rungs = [
@@ -292,13 +323,29 @@ def apply_script(*, workdir: str, patch_path: str, list_path: str, state_dir: st
     ]
     lines = [
         "set -u",
-        f'P={q(patch_path)}; L={q(list_path)}; S={q(state_dir)}; LOG="$S/apply.log"',
+        f'P={q(patch_path or "/dev/null")}; L={q(list_path)}; S={q(state_dir)}; LOG="$S/apply.log"',
         'mkdir -p "$S" && : >"$LOG"',
         f'cd {q(workdir)} || {{ echo "{VERDICT} failed cd"; exit 0; }}',
-        f'if ! grep -q \'[^[:space:]]\' "$P"; then echo "{VERDICT} ok {EMPTY}"; exit 0; fi',
         # No hook or fsmonitor of the repository runs (see GIT_SAFE_ENV).
         "g() { git -c safe.directory='*' -c core.quotepath=off -c core.hooksPath=/dev/null "
         '-c core.fsmonitor=false -c gc.auto=0 "$@"; }',
+    ]
+    if expect_head is not None:
+        want = expect_head.strip().lower()
+        # A base_commit that is no commit id (too short, not hex) matches no checkout.
+        match = f'""|{want}*' if _HEX_COMMIT.fullmatch(want) else '""'
+        lines += [
+            'H=$(g rev-parse --verify -q "HEAD^{commit}" 2>/dev/null) || H=""',
+            f'echo "{HEAD_MARK} $H"',
+            f'case "$H" in {match}) ;; *) echo "{VERDICT} wrong_head"; exit 0;; esac',
+        ]
+    if patch_path is None:
+        lines.append(f'echo "{VERDICT} ok {EMPTY}"; exit 0')
+        return "\n".join(lines) + "\n"
+    if paths is not None:
+        lines.append(f"printf '%b' {q(printf_bytes(paths))} >\"$L\"")
+    lines += [
+        f'if ! grep -q \'[^[:space:]]\' "$P"; then echo "{VERDICT} ok {EMPTY}"; exit 0; fi',
         # Nothing is written through a symlink already in the tree (git 2.39's apply --3way
         # and patch both would); every rung starts from this same tree.
         "R=0",
@@ -323,6 +370,19 @@ def apply_script(*, workdir: str, patch_path: str, list_path: str, state_dir: st
         )
     lines.append(f'echo "{VERDICT} failed"')
     return "\n".join(lines) + "\n"
+
+
+def parse_head(output: str) -> str | None:
+    """The checkout's commit the script printed (``""``: no commit), None if not asked for."""
+    for line in output.splitlines():
+        if line == HEAD_MARK or line.startswith(HEAD_MARK + " "):
+            return line[len(HEAD_MARK) :].strip().lower()
+    return None
+
+
+def wrong_head(output: str) -> bool:
+    """Did the script refuse to apply because the checkout is not the expected commit?"""
+    return any(line.split()[:2] == [VERDICT, "wrong_head"] for line in output.splitlines())
 
 
 def parse_refusal(output: str) -> str | None:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import posixpath
 import shlex
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from typing import Final
@@ -18,10 +20,12 @@ from ._patch import (
     GIT_SAFE_ENV,
     apply_script,
     is_empty_patch,
+    parse_head,
     parse_refusal,
     parse_verdict,
     refused_paths,
     touched_paths,
+    wrong_head,
 )
 from ._result import (
     EVAL_INFRASTRUCTURE,
@@ -170,15 +174,83 @@ async def open_eval_sandbox(backend: Backend, md: InstanceMetadata) -> AsyncIter
 
 
 async def run_long(
-    sb: Sandbox, cmd: str, *, budget_sec: float, env: Mapping[str, str] | None = None
+    sb: Sandbox,
+    cmd: str,
+    *,
+    budget_sec: float,
+    env: Mapping[str, str] | None = None,
+    want_output: bool = False,
 ) -> ExecResult:
     """A long command (test suite, setup) as root, detached from the RPC stream.
 
     Overrunning ``budget_sec`` kills the command and gives ``reason == "time_budget"``.
     """
     return await exec_and_wait(
-        sb, cmd, time_budget_sec=budget_sec, user="root", env={**SAFE_ENV, **(env or {})}
+        sb,
+        cmd,
+        time_budget_sec=budget_sec,
+        user="root",
+        env={**SAFE_ENV, **(env or {})},
+        want_output=want_output,
     )
+
+
+#: A log up to this size comes back in the reply of the wait that sees the command end (the
+#: size ``exec_and_wait`` returns inline), saving a read; a larger one is read from its file.
+INLINE_LOG_BYTES: Final = 64 * 1024 - 64
+_LOG_HEADER: Final = "@@TRIO_SWE_LOG"
+
+
+def logged_command(script: str, *, script_path: str, log_path: str) -> str:
+    """The command that writes ``script`` to ``script_path``, runs it with bash, stdout and
+    stderr merged in order into ``log_path``, then prints the log when it is at most
+    :data:`INLINE_LOG_BYTES` (see :func:`run_logged`). Its status is the script's.
+
+    The script travels in the command itself (a quoted here-document), one write fewer.
+    """
+    body = script if script.endswith("\n") else script + "\n"
+    delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
+    while delim in body.split("\n"):  # a line equal to the delimiter would end it early
+        delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
+    sp, lp = shlex.quote(script_path), shlex.quote(log_path)
+    return (
+        "exec 2>/dev/null\n"  # only the log may reach the output (the script's own is in it)
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(script_path))} && cat > {sp} <<'{delim}'\n"
+        f"{body}{delim}\n"
+        f"bash {sp} > {lp} 2>&1\n"
+        "s=$?\n"
+        f'if [ "$(wc -c < {lp})" -le {INLINE_LOG_BYTES} ]; then\n'
+        f"  echo {_LOG_HEADER} && cat -- {lp}\n"
+        "fi\n"
+        'exit "$s"\n'
+    )
+
+
+async def run_logged(
+    sb: Sandbox,
+    script: str,
+    *,
+    script_path: str,
+    log_path: str,
+    budget_sec: float,
+    env: Mapping[str, str] | None = None,
+) -> tuple[ExecResult, str]:
+    """Run ``script`` detached (:func:`logged_command`) and return its result and whole log.
+
+    A log that came back inline is the file's content; otherwise (larger, empty, or the
+    command overran its budget) the log is read from ``log_path``.
+    """
+    run = await run_long(
+        sb,
+        logged_command(script, script_path=script_path, log_path=log_path),
+        budget_sec=budget_sec,
+        env=env,
+        want_output=True,
+    )
+    head, sep, log = run.output.partition("\n")
+    if run.reason == "exit" and sep and head == _LOG_HEADER:
+        return run, log
+    return run, await read_text(sb, log_path)
 
 
 async def read_text(sb: Sandbox, path: str) -> str:
@@ -205,54 +277,91 @@ async def read_text(sb: Sandbox, path: str) -> str:
 
 
 class ApplyOutcome:
-    """What the ladder did; ``refused`` says why no rung was even tried."""
+    """What the ladder did; ``refused`` says why no rung was even tried; ``head`` is the
+    checkout's commit when the caller asked to check it (``wrong_head``: it was not the
+    expected one, and nothing was applied)."""
 
     def __init__(
-        self, applied: bool, rung: str | None, log: str, refused: str | None = None
+        self,
+        applied: bool,
+        rung: str | None,
+        log: str,
+        refused: str | None = None,
+        *,
+        head: str | None = None,
+        wrong_head: bool = False,
     ) -> None:
         self.applied = applied
         self.rung = rung
         self.log = log
         self.refused = refused
+        self.head = head
+        self.wrong_head = wrong_head
 
 
-async def apply_patch(sb: Sandbox, md: InstanceMetadata, patch: bytes) -> ApplyOutcome:
+#: An apply script up to this size travels as the exec's command (``bash -c``); a larger one
+#: (a patch touching thousands of paths) is written to a file first. Well below the kernel's
+#: limit of one argument (128 KiB).
+_INLINE_SCRIPT_BYTES: Final = 64 * 1024
+
+
+async def apply_patch(
+    sb: Sandbox, md: InstanceMetadata, patch: bytes, *, expect_head: str | None = None
+) -> ApplyOutcome:
     """Run the apply ladder on ``patch`` in the sandbox's workdir.
 
-    A patch that :func:`~._patch.refused_paths` refuses is never written to the sandbox.
+    A patch that :func:`~._patch.refused_paths` refuses is never written to the sandbox. With
+    ``expect_head`` (a row's ``base_commit``), the same script first checks that the checkout
+    is that commit and applies nothing when it is not (``outcome.wrong_head``). Two round
+    trips: the patch (bytes, as they are) is written, then one exec runs the ladder, whose
+    script carries the touched paths.
     """
-    if is_empty_patch(patch):
+    empty = is_empty_patch(patch)
+    if empty and expect_head is None:
         return ApplyOutcome(True, "empty", "")
-    refused = refused_paths(patch)
-    if refused:
-        detail = "; ".join(refused[:5]) + (
-            f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
-        )
-        return ApplyOutcome(False, None, "", refused=f"patch refused: {detail}")
+    if not empty:
+        refused = refused_paths(patch)
+        if refused:
+            detail = "; ".join(refused[:5]) + (
+                f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+            )
+            return ApplyOutcome(False, None, "", refused=f"patch refused: {detail}")
     state = f"{EVAL_DIR}/apply"
     patch_path = f"{EVAL_DIR}/patch.diff"
     list_path = f"{EVAL_DIR}/patch.paths"
     paths = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in touched_paths(patch))
-    await sb.write_file(patch_path, patch, user="root")
-    await sb.write_file(list_path, paths, user="root")
-    await sb.write_file(
-        f"{EVAL_DIR}/apply.sh",
-        apply_script(
-            workdir=md.workdir, patch_path=patch_path, list_path=list_path, state_dir=state
-        ),
-        user="root",
-    )
-    r = await sb.exec(
-        f"bash {EVAL_DIR}/apply.sh", user="root", env=SAFE_ENV, timeout=APPLY_TIMEOUT_SEC
-    )
+    if not empty:
+        await sb.write_file(patch_path, patch, user="root")
+
+    def script(inline: bool) -> str:
+        return apply_script(
+            workdir=md.workdir,
+            patch_path=None if empty else patch_path,
+            list_path=list_path,
+            state_dir=state,
+            paths=paths if inline else None,
+            expect_head=expect_head,
+        )
+
+    cmd = f"bash -c {shlex.quote(script(inline=True))} trio-swe-apply"
+    if len(cmd.encode()) > _INLINE_SCRIPT_BYTES:
+        await sb.write_file(list_path, paths, user="root")
+        await sb.write_file(f"{EVAL_DIR}/apply.sh", script(inline=False), user="root")
+        cmd = f"bash {EVAL_DIR}/apply.sh"
+    r = await sb.exec(cmd, user="root", env=SAFE_ENV, timeout=APPLY_TIMEOUT_SEC)
+    head = parse_head(r.output)
+    if wrong_head(r.output):
+        return ApplyOutcome(False, None, r.output, head=head, wrong_head=True)
     applied, rung = parse_verdict(r.output)
     script_refused = parse_refusal(r.output)
     if script_refused is not None:
-        return ApplyOutcome(False, None, r.output, refused=f"patch refused: {script_refused}")
+        return ApplyOutcome(
+            False, None, r.output, refused=f"patch refused: {script_refused}", head=head
+        )
     log = "" if applied else await read_text(sb, f"{state}/apply.log")
     if r.reason == "timeout":
         log += f"\n(apply ladder exceeded {APPLY_TIMEOUT_SEC:.0f} s)"
-    return ApplyOutcome(applied, rung, log)
+    return ApplyOutcome(applied, rung, log, head=head)
 
 
 def not_applied_result(

@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import trio
 
-from ..sandbox import Backend, Sandbox
+from ..sandbox import Backend
 from . import _result as R
 from . import _swebench_api
 from ._harness import current_artifacts
 from ._metadata import swebench_metadata
-from ._patch import GIT_SAFE_ENV, patch_bytes, patch_text
+from ._patch import patch_bytes, patch_text
 from ._result import EvalResult
 from ._run import (
-    APPLY_TIMEOUT_SEC,
     EVAL_DIR,
     PLAIN_ENV,
     Phases,
@@ -26,8 +24,7 @@ from ._run import (
     make_result,
     not_applied_result,
     open_eval_sandbox,
-    read_text,
-    run_long,
+    run_logged,
     timed,
     timeout_result,
 )
@@ -79,6 +76,14 @@ class SweBenchProtocol:
         graded = (*g.fail_to_pass, *g.pass_to_pass) if isinstance(g, SweBenchGrading) else ()
         return await confirm_environment(result, data, graded, lambda: grade(b""))
 
+    def _check_and_spec(self, md: InstanceMetadata) -> tuple[str | None, Any]:
+        """:meth:`evaluability_check` and the ``TestSpec`` it built, in one go."""
+        reason = self.evaluability_check(md)
+        if reason is not None:
+            return reason, None
+        # Built once more than the check did: cheap, and the check stays a pure predicate.
+        return None, _swebench_api.build_test_spec(md)
+
     async def _evaluate(
         self,
         backend: Backend,
@@ -88,44 +93,54 @@ class SweBenchProtocol:
         phases: Phases,
     ) -> EvalResult:
         # The first check imports swebench (about a second): keep it off the event loop.
-        reason = await trio.to_thread.run_sync(self.evaluability_check, md)
+        with phases.phase("spec"):
+            reason, spec = await trio.to_thread.run_sync(self._check_and_spec, md)
         if reason is not None:
             return make_result(
                 md, phases, reason=R.UNEVALUABLE, grader="swebench", infra=True, detail=reason
             )
-        with phases.phase("spec"):
-            spec = await trio.to_thread.run_sync(_swebench_api.build_test_spec, md)
-            script: str = spec.eval_script
+        script: str = spec.eval_script
+        g = md.grading
+        base = g.base_commit.strip().lower() if isinstance(g, SweBenchGrading) else ""
+        graded = _Graded()
         t_boot = time.monotonic()
-        async with open_eval_sandbox(backend, md) as sb:
+        # The log is graded in a thread while the sandbox is being killed (the kill is the
+        # sandbox context's exit): the nursery waits for both.
+        async with trio.open_nursery() as nursery, open_eval_sandbox(backend, md) as sb:
             phases.durations["boot"] = time.monotonic() - t_boot
             with phases.phase("apply"):
-                wrong = await _wrong_checkout(sb, md)
-                if wrong is not None:
-                    return make_result(
-                        md,
-                        phases,
-                        reason=R.UNEVALUABLE,
-                        grader="swebench",
-                        infra=True,
-                        detail=wrong,
-                    )
-                outcome = await apply_patch(sb, md, patch)
+                # The checkout must be the row's base_commit: the eval script resets only
+                # the test files to it, so on another commit a gold patch may not apply
+                # and an empty one may pass. The ladder's script checks it first.
+                outcome = await apply_patch(sb, md, patch, expect_head=base or None)
+            if outcome.wrong_head:
+                return make_result(
+                    md,
+                    phases,
+                    reason=R.UNEVALUABLE,
+                    grader="swebench",
+                    infra=True,
+                    detail=(
+                        f"base_commit_mismatch:the eval sandbox's {md.workdir} checks out "
+                        f"{outcome.head}, the row's base_commit is {base}"
+                    ),
+                )
             if not outcome.applied:
                 return not_applied_result(md, phases, outcome, grader="swebench")
             art = current_artifacts()
             if art is not None:
                 art.eval_script = script
-            log_path = f"{EVAL_DIR}/eval.log"
             with phases.phase("tests"):
-                await sb.write_file(f"{EVAL_DIR}/eval.sh", script, user="root")
-                run = await run_long(
+                run, log = await run_logged(
                     sb,
-                    f"bash {EVAL_DIR}/eval.sh > {log_path} 2>&1",
+                    script,
+                    script_path=f"{EVAL_DIR}/eval.sh",
+                    log_path=f"{EVAL_DIR}/eval.log",
                     budget_sec=timeout_sec,
                     env=PLAIN_ENV,
                 )
-                log = await read_text(sb, log_path)
+            if run.reason != "time_budget":
+                nursery.start_soon(graded.run, phases, spec, md.instance_id, patch, log)
         if art is not None:
             art.test_output = log
         if run.reason == "time_budget":
@@ -139,23 +154,19 @@ class SweBenchProtocol:
                 log=log,
                 exit_code=run.exit_code,
             )
-        with phases.phase("parse"):
-            try:
-                grade = await trio.to_thread.run_sync(
-                    _swebench_api.grade_log, spec, md.instance_id, patch_text(patch), log
-                )
-            except Exception as exc:
-                # A swebench parser crashing on this log: the grader failed, not the patch.
-                return make_result(
-                    md,
-                    phases,
-                    reason=R.LOG_UNGRADABLE,
-                    rung=outcome.rung,
-                    grader="swebench",
-                    infra=True,
-                    detail=f"swebench's grading raised {type(exc).__name__}: {exc}",
-                    log=log,
-                )
+        grade = graded.grade
+        if grade is None:
+            # A swebench parser crashing on this log: the grader failed, not the patch.
+            return make_result(
+                md,
+                phases,
+                reason=R.LOG_UNGRADABLE,
+                rung=outcome.rung,
+                grader="swebench",
+                infra=True,
+                detail=f"swebench's grading raised {graded.error}",
+                log=log,
+            )
         if art is not None:
             art.report = dict(grade.report)
         common: dict[str, Any] = {
@@ -186,32 +197,23 @@ class SweBenchProtocol:
         )
 
 
-async def _wrong_checkout(sb: Sandbox, md: InstanceMetadata) -> str | None:
-    """``base_commit_mismatch:...`` if the image's checkout is not the row's ``base_commit``.
+class _Graded:
+    """swebench's verdict on a log, made in a thread (``error`` when swebench raised)."""
 
-    The eval script resets only the test files to ``base_commit``; graded on another commit, a
-    gold patch may not apply and an empty one may pass. A workdir that is no git checkout is
-    not checked (nothing to compare).
-    """
-    g = md.grading
-    want = g.base_commit.strip().lower() if isinstance(g, SweBenchGrading) else ""
-    if not want:
-        return None
-    r = await sb.exec(
-        f"git -C {shlex.quote(md.workdir)} rev-parse HEAD",
-        user="root",
-        env=dict(GIT_SAFE_ENV),
-        timeout=APPLY_TIMEOUT_SEC,
-    )
-    head = r.output.strip().lower()
-    if not r.ok or not head:
-        return None
-    if len(want) >= 7 and head.startswith(want):
-        return None
-    return (
-        f"base_commit_mismatch:the eval sandbox's {md.workdir} checks out {head}, the row's "
-        f"base_commit is {want}"
-    )
+    def __init__(self) -> None:
+        self.grade: Any = None
+        self.error = ""
+
+    async def run(
+        self, phases: Phases, spec: Any, instance_id: str, patch: bytes, log: str
+    ) -> None:
+        with phases.phase("parse"):
+            try:
+                self.grade = await trio.to_thread.run_sync(
+                    _swebench_api.grade_log, spec, instance_id, patch_text(patch), log
+                )
+            except Exception as exc:
+                self.error = f"{type(exc).__name__}: {exc}"
 
 
 def _test_exit_code(log: str) -> int | None:
