@@ -22,7 +22,8 @@ from trio_swe.grading import (
     resolve_image,
     run_evaluation,
 )
-from trio_swe.sandbox import image_for
+from trio_swe.grading._patch import GIT_SAFE_ENV
+from trio_swe.sandbox import image_for, open_sandbox
 from trio_swe.sandbox.e2b import E2BBackend
 from trio_swe.sandbox.local import LocalBackend
 
@@ -133,3 +134,27 @@ def test_e2b_maps_rows_to_templates_and_refuses_docker_names() -> None:
     by_function = E2BBackend(debug=True, images=lambda m: f"sweb-{m.instance_id.lower()}")
     assert image_for(by_function, md) == "sweb-pallets__flask-4992"
     assert mapped.check_image(image_for(mapped, md)) is None
+
+
+async def test_a_checkout_image_s_index_is_trusted_in_every_sandbox(
+    calc: CalcRepo, tmp_path: Path
+) -> None:
+    # A path@commit image is checked out once. git trusts an index entry's stat data only when
+    # the file is older (in whole seconds) than the index file; a fresh checkout writes both in
+    # the same second, so every `git status` (the eval scripts run one) re-hashes those files,
+    # in every sandbox, since each starts from the cached index. The cache settles the index
+    # when it builds the image: no entry racy, none smudged (size 0 for a non-empty file).
+    backend = LocalBackend(state_dir=tmp_path / "state")
+    script = "stat -c %Y .git/index; git ls-files --debug; git ls-files -z | xargs -0 stat -c %s"
+    async with open_sandbox(backend, calc.image, workdir="/testbed") as sb:
+        r = await sb.exec(script, user="root", env=dict(GIT_SAFE_ENV))
+    assert r.ok, r.output
+    index_sec, *rest = r.output.splitlines()
+    debug = [ln.strip() for ln in rest if ln.startswith("  ")]
+    mtimes = [int(ln.split()[1].split(":")[0]) for ln in debug if ln.startswith("mtime:")]
+    sizes = [int(ln.split()[1]) for ln in debug if ln.startswith("size:")]
+    on_disk = [int(ln) for ln in rest if ln.isdigit()]
+    assert mtimes
+    assert len(sizes) == len(mtimes) == len(on_disk)
+    assert max(mtimes) < int(index_sec), "entries as new as the index are re-hashed each time"
+    assert sizes == on_disk, "smudged entries are re-hashed each time"

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import trio
@@ -80,6 +82,30 @@ async def _git(*args: str) -> str:
     return result.stdout.decode().strip()
 
 
+async def _settle_index(checkout: Path) -> None:
+    """Make the checkout's index trusted as it is, so ``git status`` in a sandbox is cheap.
+
+    git trusts an index entry's stat data only when the file is older than the index file
+    (by whole seconds); entries written in the same second as the index are "racily clean"
+    and are re-hashed by every ``git status``/``git diff``. Every sandbox starts from this
+    index (its copy-on-write upper layer is fresh), so each would re-hash them again. Once
+    the clock has passed the index's second, one refresh rewrites it trusted (at most a
+    second's wait, once per image).
+    """
+    index = checkout / ".git" / "index"
+    try:
+        mtime = index.stat().st_mtime
+    except FileNotFoundError:
+        return
+    await trio.sleep(max(0.0, math.floor(mtime) + 1.05 - time.time()))
+    await trio.run_process(
+        ["git", "-C", str(checkout), "update-index", "-q", "--refresh"],
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,  # "needs update" lines are not failures; the index is only an optimisation
+    )
+
+
 class ImageCache:
     """Checkouts of ``path@commit`` images under ``root``, built once, shared read-only.
 
@@ -124,6 +150,7 @@ class ImageCache:
                 checkout = tmp / "tree"
                 await _git("clone", "--quiet", "--no-checkout", str(repo), str(checkout))
                 await _git("-C", str(checkout), "checkout", "--quiet", "--detach", sha)
+                await _settle_index(checkout)
                 try:
                     checkout.rename(final)
                 except OSError:
