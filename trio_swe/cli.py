@@ -369,7 +369,10 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             else None
         )
         try:
-            async with open_backend(config.backend) as backend, _maybe_outputs(outputs):
+            async with (
+                open_backend(config.backend, _local_options(args, config)) as backend,
+                _maybe_outputs(outputs),
+            ):
                 results = await _run_with_progress(
                     console,
                     mds,
@@ -391,6 +394,30 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
         outputs.write_report(md.instance_id for md in mds)
         console.print(f"harness outputs: {escape(str(outputs.report_path()))}")
     return _exit_code(console, results)
+
+
+def _local_options(args: argparse.Namespace, config: SweConfig) -> dict[str, Any] | None:
+    """The local backend's options of ``run``: the SWE-bench shims and checkouts.
+
+    SWE-bench's eval scripts activate ``/opt/miniconda3``'s ``testbed`` environment, so under
+    the swebench protocol the shims are on by default (this Python's environment, as
+    ``trio-swe grade``); ``--python-env`` names another one, for any protocol.
+    """
+    if config.backend != "local":
+        if args.python_env or args.checkouts:
+            raise ConfigError(
+                f"--python-env and --checkouts are local backend options (backend is "
+                f"{config.backend!r})"
+            )
+        return None
+    from .grading import local_backend_shims, local_checkouts
+
+    options: dict[str, Any] = {}
+    if args.python_env or config.train_protocol == "swebench":
+        options.update(local_backend_shims(args.python_env))
+    if args.checkouts:
+        options["images"] = local_checkouts(args.checkouts)
+    return options or None
 
 
 def _exit_code(console: Console, results: Sequence[EpisodeResult]) -> int:
@@ -501,6 +528,8 @@ async def _run_on_ray(
     """``trio-swe run --ray ADDRESS``: the same run, its episodes on a Ray cluster's workers."""
     if getattr(args, "harness_dir", None):
         raise ConfigError("--harness-dir is not supported with --ray (grading runs on the workers)")
+    if getattr(args, "python_env", None) or getattr(args, "checkouts", None):
+        raise ConfigError("--python-env and --checkouts are not supported with --ray")
     try:
         import ray
 
@@ -851,6 +880,19 @@ def _parser() -> argparse.ArgumentParser:
         help="also write SWE-bench's harness outputs here (predictions.jsonl, report, logs)",
     )
     run.add_argument("--run-id", default="trio_swe", help="run id of the harness outputs")
+    run.add_argument(
+        "--python-env",
+        default=None,
+        help="local backend: bin directory of the repositories' test environment, shown at "
+        "SWE-bench's /opt/miniconda3/envs/testbed (default under --protocol swebench: this "
+        "Python's)",
+    )
+    run.add_argument(
+        "--checkouts",
+        default=None,
+        help="local backend: directory of clones named <owner>__<name>; rows boot "
+        "<dir>/<owner>__<name>@<base_commit>",
+    )
 
     grade = sub.add_parser(
         "grade",
