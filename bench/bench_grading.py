@@ -3,8 +3,10 @@
 A grading = image check + fresh sandbox + patch ladder + the row's eval script + parse + kill
 (``run_evaluation``). Its baseline is the row's *test command alone* (e.g. ``pytest -rA
 tests/test_config.py``), run in an already booted sandbox where the test patch and the gold patch
-are applied, through ``exec_and_wait``. Ratio = grading / baseline; medians over
-``BENCH_GRADING_N`` (default 10) gradings per case, baselines as many runs.
+are applied, through ``exec_and_wait``. Ratio = median grading / median baseline over
+``BENCH_GRADING_N`` (default 10) gradings per case and as many baseline runs, interleaved (ABBA)
+so that load drifting on a shared machine hits both sides alike. ``BENCH_GRADING_CASES=flask``
+runs only the cases whose name contains one of the comma-separated words.
 
 Cases:
 
@@ -32,6 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,6 +56,8 @@ from bench.prepare_grading import FLASK_ROW, prepared_flask
 from tests.grading._calc import F2P_SCRIPT, P2P, build_calc_repo
 
 N = int(os.environ.get("BENCH_GRADING_N", "10"))
+#: Only the cases whose name contains one of these comma-separated words (default: all).
+ONLY = [w for w in os.environ.get("BENCH_GRADING_CASES", "").split(",") if w]
 #: The eval scripts' own environment set-up (the shims' conda activate), for both sides.
 ACTIVATE = ". /opt/miniconda3/bin/activate && conda activate testbed"
 ENV = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PY_COLORS": "0", "NO_COLOR": "1", "TERM": "dumb"}
@@ -84,8 +89,16 @@ def _backend(python_bin: str | None = None) -> LocalBackend:
     )
 
 
-async def _tests_alone(case: Case, n: int) -> list[float]:
-    """The row's test command alone, in one booted sandbox with its patches applied."""
+async def _measure(case: Case, n: int) -> tuple[list[float], list[tuple[float, dict[str, float]]]]:
+    """``n`` runs of the row's test command alone and ``n`` gradings, interleaved.
+
+    The tests alone run in one booted sandbox with the row's patches applied. Gradings and
+    test runs alternate (ABBA order), so load that drifts on a shared machine hits both sides
+    alike. One untimed warm-up of each first (the first swebench grading imports swebench).
+    """
+    md = get_metadata(case.row, case.protocol)
+    alone: list[float] = []
+    gradings: list[tuple[float, dict[str, float]]] = []
     async with open_sandbox(case.backend, case.image) as sb:
         for i, patch in enumerate(case.patches):
             await sb.write_file(f"/tmp/p{i}.diff", patch)
@@ -93,33 +106,35 @@ async def _tests_alone(case: Case, n: int) -> list[float]:
             assert r.ok, r.output
         if case.protocol == "scaleswe":
             await sb.write_file("/testbed/test_fail_to_pass.py", F2P_SCRIPT)
-        times: list[float] = []
-        for i in range(n + 1):
+
+        async def tests_alone() -> float:
             t = time.perf_counter()
             r = await exec_and_wait(
                 sb, f"{case.tests_alone} > /tmp/t.log 2>&1", time_budget_sec=600, env=ENV
             )
-            if i:  # the first run is a warm-up
-                times.append(time.perf_counter() - t)
+            wall = time.perf_counter() - t
             assert r.ok, (await sb.exec("tail -30 /tmp/t.log")).output
-        return times
+            return wall
 
+        async def grading() -> tuple[float, dict[str, float]]:
+            t = time.perf_counter()
+            # The image and its commit are checked before boot, as episodes do.
+            assert evaluability_check(md, case.backend) is None
+            r = await run_evaluation(case.backend, md, case.gold, timeout_sec=600)
+            wall = time.perf_counter() - t
+            assert r.resolved, (r.reason, r.detail, r.log_tail[-800:])
+            return wall, dict(r.durations)
 
-async def _gradings(case: Case, n: int) -> list[tuple[float, dict[str, float]]]:
-    md = get_metadata(case.row, case.protocol)
-    # Warm-up, untimed: the first swebench grading imports swebench (about a second).
-    await run_evaluation(case.backend, md, case.gold, timeout_sec=600)
-    out: list[tuple[float, dict[str, float]]] = []
-    for _ in range(n):
-        t = time.perf_counter()
-        assert (
-            evaluability_check(md, case.backend) is None
-        )  # image + commit checked, as episodes do
-        r = await run_evaluation(case.backend, md, case.gold, timeout_sec=600)
-        wall = time.perf_counter() - t
-        assert r.resolved, (r.reason, r.detail, r.log_tail[-800:])
-        out.append((wall, dict(r.durations)))
-    return out
+        await tests_alone()
+        await grading()
+        for i in range(n):
+            if i % 2 == 0:
+                alone.append(await tests_alone())
+                gradings.append(await grading())
+            else:
+                gradings.append(await grading())
+                alone.append(await tests_alone())
+    return alone, gradings
 
 
 def _flask_case(tmp: Path) -> Case | None:
@@ -154,6 +169,11 @@ def _flask_case(tmp: Path) -> Case | None:
         gold=row["patch"],
         tests_alone=f"{ACTIVATE} && pytest -rA tests/test_config.py",
     )
+
+
+def _spread(values: Iterable[float]) -> str:
+    v = sorted(values)
+    return f"min {v[0]:.3f} / median {statistics.median(v):.3f} / max {v[-1]:.3f} s"
 
 
 def main() -> None:
@@ -204,6 +224,8 @@ def main() -> None:
                 f"python -m pytest -rA -p no:cacheprovider {ids}",
             )
         )
+        if ONLY:
+            cases = [c for c in cases if any(w in c.name for w in ONLY)]
         version = api.version if api is not None else "none"
         print(
             f"N = {N} gradings and test runs per case; medians; {os.cpu_count()} CPUs; "
@@ -215,8 +237,8 @@ def main() -> None:
             f"{'ratio':>6}   grading phases (median s)"
         )
         for case in cases:
-            alone = statistics.median(trio.run(_tests_alone, case, N))
-            runs = trio.run(_gradings, case, N)
+            alone_runs, runs = trio.run(_measure, case, N)
+            alone = statistics.median(alone_runs)
             wall = statistics.median(w for w, _ in runs)
             phases = {
                 k: statistics.median(d.get(k, 0.0) for _, d in runs)
@@ -227,6 +249,11 @@ def main() -> None:
             print(
                 f"{case.name:40} {wall:10.3f} {alone:14.3f} {wall - alone:11.3f} "
                 f"{wall / alone:6.2f}   {shown}",
+                flush=True,
+            )
+            print(
+                f"{'':40} grading runs {_spread(w for w, _ in runs)}; "
+                f"tests alone runs {_spread(alone_runs)}",
                 flush=True,
             )
         print(
