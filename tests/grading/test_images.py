@@ -27,7 +27,7 @@ from trio_swe.sandbox import image_for, open_sandbox
 from trio_swe.sandbox.e2b import E2BBackend
 from trio_swe.sandbox.local import LocalBackend
 
-from ._calc import CalcRepo, build_calc_repo, git
+from ._calc import SRC, CalcRepo, build_calc_repo, git
 
 ROWS = Path(__file__).parent / "rows"
 _FAST_PYTEST = {"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
@@ -158,3 +158,29 @@ async def test_a_checkout_image_s_index_is_trusted_in_every_sandbox(
     assert len(sizes) == len(mtimes) == len(on_disk)
     assert max(mtimes) < int(index_sec), "entries as new as the index are re-hashed each time"
     assert sizes == on_disk, "smudged entries are re-hashed each time"
+
+
+async def test_a_built_checkout_is_checked_and_booted_without_git(tmp_path: Path) -> None:
+    # Once `path@<full commit id>` is in the image cache, it is exactly that commit: the check
+    # before boot and the boot itself use the cached checkout (no git call per grading), and
+    # still refuse a row whose base_commit is another commit.
+    calc = build_calc_repo(tmp_path / "src")
+    backend = LocalBackend(state_dir=tmp_path / "state")
+    assert backend.check_image(calc.image, commit=calc.base) is None
+    async with open_sandbox(backend, calc.image, workdir="/testbed") as sb:
+        assert (await sb.exec("cat calc/__init__.py")).output == SRC
+    calc.path.rename(tmp_path / "moved")  # the source repository is gone: git would fail
+    assert backend.check_image(calc.image, commit=calc.base) is None
+    assert backend.check_image(calc.image, commit=calc.base[:7].upper()) is None
+    other = "1" * 40
+    assert backend.check_image(calc.image, commit=other) == (
+        f"base_commit_mismatch:image {calc.image!r} checks out {calc.base}, the row's "
+        f"base_commit is {other}"
+    )
+    async with open_sandbox(backend, calc.image, workdir="/testbed") as sb:
+        assert (await sb.exec("git rev-parse HEAD", env=dict(GIT_SAFE_ENV))).output.strip() == (
+            calc.base
+        )
+    # A fresh backend has no cache: the same image is refused, since git cannot find it.
+    fresh = LocalBackend(state_dir=tmp_path / "state2")
+    assert (fresh.check_image(calc.image, commit=calc.base) or "").startswith("image_not_local:")

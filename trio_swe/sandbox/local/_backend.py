@@ -24,7 +24,7 @@ from .._validate import check_abs_path
 from ..oci import OciImage, OciStore, OciStoreStatistics, is_oci_image
 from ..oci._manifest import env_mapping
 from ..oci._unpack import read_file_in
-from ._image import ImageCache, check_local_image
+from ._image import ImageCache, check_local_image, commit_mismatch
 from ._rootfs import plan_root_args, workdir_problem
 from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
 from ._users import ROOT, group_with, passwd_with, pick_agent_user
@@ -215,6 +215,9 @@ class LocalBackend(trio.abc.AsyncResource):
         image reference passes: its commit is only known once it is pulled."""
         if is_oci_image(image):
             return None
+        hit = self._images.cached(image)
+        if hit is not None:  # built from exactly that commit: no git call needed
+            return commit_mismatch(image, hit[1], commit)
         return check_local_image(image, commit)
 
     def statistics(self) -> LocalBackendStatistics:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -66,10 +67,25 @@ def check_local_image(image: str, commit: str | None = None) -> str | None:
     sha = out.stdout.strip()
     if out.returncode != 0 or not sha:
         return f"image_commit_missing:{path} has no commit {rev or 'HEAD'!r}"
+    return commit_mismatch(image, sha, commit)
+
+
+def commit_mismatch(image: str, sha: str, commit: str | None) -> str | None:
+    """``base_commit_mismatch:...`` when ``image`` checks out ``sha`` and ``commit`` (a prefix
+    of at least 7 hex digits, or the full id) names another commit; None when it matches or
+    when there is no ``commit`` to check."""
     want = (commit or "").strip().lower()
-    if want and not (len(want) >= 7 and sha.startswith(want)):
+    if want and not (len(want) >= 7 and sha.lower().startswith(want)):
         return f"base_commit_mismatch:image {image!r} checks out {sha}, the row's base_commit is {want}"
     return None
+
+
+_FULL_SHA = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def _key(repo: Path, sha: str) -> str:
+    """The cache entry of ``repo`` (resolved) at commit ``sha`` (full, lowercase)."""
+    return hashlib.sha256(f"{repo}\0{sha}".encode()).hexdigest()[:24]
 
 
 async def _git(*args: str) -> str:
@@ -117,8 +133,24 @@ class ImageCache:
         self._root = root
         self._locks: dict[str, trio.Lock] = {}
 
+    def cached(self, image: str) -> tuple[Path, str] | None:
+        """``(checkout, commit)`` of a ``path@<full commit id>`` image already built, found
+        without running git (the checkout was made from exactly that commit); else None."""
+        try:
+            path, commit = split_image(image)
+        except SandboxBootError:
+            return None
+        if commit is None or not _FULL_SHA.fullmatch(commit.lower()):
+            return None
+        sha = commit.lower()
+        final = self._root / _key(path.resolve(), sha)
+        return (final, sha) if final.is_dir() else None
+
     async def resolve(self, image: str) -> Path:
         """The host directory to mount for ``image``."""
+        hit = self.cached(image)
+        if hit is not None:
+            return hit[0]
         path, commit = split_image(image)
         if commit is None:
             return path.resolve()
@@ -138,7 +170,7 @@ class ImageCache:
             err = found.stderr.decode(errors="replace").strip()
             raise SandboxBootError(f"local image {image!r}: git rev-parse failed: {err}")
         sha = found.stdout.decode().strip()
-        key = hashlib.sha256(f"{repo}\0{sha}".encode()).hexdigest()[:24]
+        key = _key(repo, sha)
         final = self._root / key
         lock = self._locks.setdefault(key, trio.Lock())
         async with lock:
