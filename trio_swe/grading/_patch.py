@@ -2,8 +2,9 @@
 
 Rungs, in order (SWE-bench's ``GIT_APPLY_CMDS`` plus git's three-way merge):
 ``git apply``, ``git apply --3way``, ``git apply --reject``, ``patch --batch --forward --fuzz=5
--p1``. Every rung starts from the same tree: before the first rung the script saves the files
-the patch touches and git's index, and a failed rung is rolled back (partial hunks, ``.rej`` /
+-p1``. Every rung starts from the same tree: once the first rung (atomic: plain ``git apply``
+writes nothing unless every hunk applies) has failed, the script saves the files the patch
+touches and git's index, and a failed rung is rolled back (partial hunks, ``.rej`` /
 ``.orig`` files, conflict markers, a conflicted index) before the next one runs.
 
 An empty (or whitespace-only) patch is "applied" as rung ``empty``. Binary diffs need
@@ -354,6 +355,8 @@ def apply_script(
         '    if [ -L "$d" ]; then echo "refused: $f is beyond the symlink $d"; R=1; fi',
         '    d=$(dirname -- "$d"); done; done <"$L"',
         f'if [ "$R" = 1 ]; then echo "{VERDICT} refused"; exit 0; fi',
+    ]
+    snapshot = [
         'GD=$(g rev-parse --absolute-git-dir 2>/dev/null) || GD=""',
         'if [ -n "$GD" ] && [ -f "$GD/index" ]; then cp -p "$GD/index" "$S/index"; fi',
         'tar --null -T "$L" --ignore-failed-read -cf "$S/files.tar" 2>>"$LOG"',
@@ -363,11 +366,15 @@ def apply_script(
         '  if [ -f "$S/index" ]; then cp -p "$S/index" "$GD/index"; fi',
         "}",
     ]
-    for name, cmd in rungs:
+    for i, (name, cmd) in enumerate(rungs):
         lines.append(
             f'echo "+ {name}" >>"$LOG"; if {cmd} >>"$LOG" 2>&1; '
-            f'then echo "{VERDICT} ok {name}"; exit 0; fi; restore'
+            f'then echo "{VERDICT} ok {name}"; exit 0; fi' + ("" if i == 0 else "; restore")
         )
+        if i == 0:
+            # Plain `git apply` is atomic (it writes nothing unless every hunk applies), so the
+            # tree is still untouched here: the snapshot is only paid for when rung 1 fails.
+            lines += snapshot
     lines.append(f'echo "{VERDICT} failed"')
     return "\n".join(lines) + "\n"
 
