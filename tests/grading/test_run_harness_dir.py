@@ -193,3 +193,26 @@ def test_instance_folders_are_what_swebench_grades(
             assert status["PASS_TO_PASS"]["failure"] == ["tests/test_calc.py::test_add"]
         expected = "resolved" if resolved else "tests_failed"
         assert f"reason: {expected}" in (d / "run_instance.log").read_text()
+
+
+def test_run_s_local_backend_options(tmp_path: Path) -> None:
+    from trio_swe import ConfigError
+    from trio_swe.cli import _config_from_args, _local_options, _parser
+
+    def options(*argv: str) -> dict[str, Any] | None:
+        args = _parser().parse_args(["run", "rows.jsonl", *argv])
+        return _local_options(args, _config_from_args(args, {}))
+
+    assert options() is None  # scaleswe rows: the backend as it is
+    shims = options("--protocol", "swebench")
+    assert shims is not None
+    assert "/opt/miniconda3/bin/activate" in shims["ro_binds"]
+    assert shims["extra_path"] == [str(Path(sys.executable).parent)]
+    venv = options("--python-env", str(tmp_path))
+    assert venv is not None
+    assert venv["extra_path"] == [str(tmp_path)]
+    images = options("--checkouts", str(tmp_path))
+    assert images is not None
+    assert callable(images["images"])
+    with pytest.raises(ConfigError, match="local backend options"):
+        options("--backend", "e2b", "--python-env", str(tmp_path))
