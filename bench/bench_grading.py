@@ -242,7 +242,7 @@ def main() -> None:
             wall = statistics.median(w for w, _ in runs)
             phases = {
                 k: statistics.median(d.get(k, 0.0) for _, d in runs)
-                for k in ("spec", "boot", "setup", "apply", "tests", "parse")
+                for k in ("spec", "boot", "setup", "apply", "tests", "parse", "kill")
                 if any(k in d for _, d in runs)
             }
             shown = " ".join(f"{k}={v:.3f}" for k, v in phases.items())

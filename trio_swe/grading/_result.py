@@ -59,7 +59,7 @@ class EvalResult(msgspec.Struct, frozen=True, kw_only=True):
         test_exit_code: the test command's exit status, when known (-1: time budget).
         log_tail: the last characters of the test log.
         durations: seconds per phase (``spec``, ``boot``, ``setup``, ``apply``, ``tests``,
-            ``parse``, ``control``, ``total``).
+            ``parse``, ``kill``, ``control``, ``total``).
     """
 
     reward: float

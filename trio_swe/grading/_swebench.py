@@ -106,41 +106,44 @@ class SweBenchProtocol:
         t_boot = time.monotonic()
         # The log is graded in a thread while the sandbox is being killed (the kill is the
         # sandbox context's exit): the nursery waits for both.
-        async with trio.open_nursery() as nursery, open_eval_sandbox(backend, md) as sb:
-            phases.durations["boot"] = time.monotonic() - t_boot
-            with phases.phase("apply"):
-                # The checkout must be the row's base_commit: the eval script resets only
-                # the test files to it, so on another commit a gold patch may not apply
-                # and an empty one may pass. The ladder's script checks it first.
-                outcome = await apply_patch(sb, md, patch, expect_head=base or None)
-            if outcome.wrong_head:
-                return make_result(
-                    md,
-                    phases,
-                    reason=R.UNEVALUABLE,
-                    grader="swebench",
-                    infra=True,
-                    detail=(
-                        f"base_commit_mismatch:the eval sandbox's {md.workdir} checks out "
-                        f"{outcome.head}, the row's base_commit is {base}"
-                    ),
-                )
-            if not outcome.applied:
-                return not_applied_result(md, phases, outcome, grader="swebench")
-            art = current_artifacts()
-            if art is not None:
-                art.eval_script = script
-            with phases.phase("tests"):
-                run, log = await run_logged(
-                    sb,
-                    script,
-                    script_path=f"{EVAL_DIR}/eval.sh",
-                    log_path=f"{EVAL_DIR}/eval.log",
-                    budget_sec=timeout_sec,
-                    env=PLAIN_ENV,
-                )
-            if run.reason != "time_budget":
-                nursery.start_soon(graded.run, phases, spec, md.instance_id, patch, log)
+        async with trio.open_nursery() as nursery:
+            async with open_eval_sandbox(backend, md) as sb:
+                phases.durations["boot"] = time.monotonic() - t_boot
+                with phases.phase("apply"):
+                    # The checkout must be the row's base_commit: the eval script resets only
+                    # the test files to it, so on another commit a gold patch may not apply
+                    # and an empty one may pass. The ladder's script checks it first.
+                    outcome = await apply_patch(sb, md, patch, expect_head=base or None)
+                if outcome.wrong_head:
+                    return make_result(
+                        md,
+                        phases,
+                        reason=R.UNEVALUABLE,
+                        grader="swebench",
+                        infra=True,
+                        detail=(
+                            f"base_commit_mismatch:the eval sandbox's {md.workdir} checks out "
+                            f"{outcome.head}, the row's base_commit is {base}"
+                        ),
+                    )
+                if not outcome.applied:
+                    return not_applied_result(md, phases, outcome, grader="swebench")
+                art = current_artifacts()
+                if art is not None:
+                    art.eval_script = script
+                with phases.phase("tests"):
+                    run, log = await run_logged(
+                        sb,
+                        script,
+                        script_path=f"{EVAL_DIR}/eval.sh",
+                        log_path=f"{EVAL_DIR}/eval.log",
+                        budget_sec=timeout_sec,
+                        env=PLAIN_ENV,
+                    )
+                if run.reason != "time_budget":
+                    nursery.start_soon(graded.run, phases, spec, md.instance_id, patch, log)
+                t_kill = time.monotonic()
+            phases.durations["kill"] = time.monotonic() - t_kill
         if art is not None:
             art.test_output = log
         if run.reason == "time_budget":
