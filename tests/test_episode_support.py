@@ -29,6 +29,7 @@ _OPTION_PATHS = {
     "max_turns": "bash.max_turns",
     "policy_url": "bash.policy_url",
     "command_timeout_sec": "bash.command_timeout_sec",
+    "backend": "backend",
 }
 
 

@@ -538,12 +538,16 @@ async def _run_on_ray(
         raise ConfigError(f"--ray needs Ray: pip install 'trio-swe[ray]' ({exc})") from None
     if not ray.is_initialized():
         ray.init(address=args.ray, namespace="trio_swe", log_to_driver=False)
+    # The workers build their backend from their own environment: give them this one's E2B
+    # settings, so a key set where trio-swe runs is enough (Ray's runtime_env env_vars).
+    shipped = {k: v for k, v in os.environ.items() if k.startswith("E2B_") or k == "SSL_CERT_FILE"}
     async with WorkerPool(
         workers=args.ray_workers,
         concurrency=args.concurrency,
         config=config,
         max_booting=args.max_booting,
         max_alive=args.max_alive,
+        runtime_env={"env_vars": shipped} if shipped else None,
     ) as pool:
         nodes = len({w.info.node_id for w in pool.live_workers()})
         console.print(

@@ -40,12 +40,13 @@ async def wait_ref(ref: ObjectRef) -> Any:
     return future.result()
 
 
-async def cancel_and_wait(ref: ObjectRef, *, timeout_sec: float) -> None:
+async def cancel_and_wait(ref: ObjectRef, *, timeout_sec: float) -> Any:
     """``ray.cancel`` the task behind ``ref`` and wait (shielded, bounded) until it has ended.
 
     An async actor's task is cancelled as an asyncio task: the actor's cleanup (a trio episode
     killing its sandboxes) runs before the task ends, so returning here means it is done, or the
-    worker is dead, or ``timeout_sec`` passed.
+    worker is dead, or ``timeout_sec`` passed. Returns the task's value if it completed anyway
+    (it had finished before the cancel arrived), else None.
     """
     with trio.CancelScope(shield=True) as scope:
         scope.deadline = trio.current_time() + timeout_sec
@@ -54,6 +55,7 @@ async def cancel_and_wait(ref: ObjectRef, *, timeout_sec: float) -> None:
         except Exception:  # an already finished or foreign ref: nothing to cancel
             pass
         try:
-            await wait_ref(ref)
+            return await wait_ref(ref)
         except Exception:
             pass  # TaskCancelledError as expected, or the worker died meanwhile
+    return None

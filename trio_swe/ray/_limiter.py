@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -20,7 +21,7 @@ from typing import Any, TypeVarTuple
 import ray
 import trio
 
-from .._errors import SandboxBootError
+from .._errors import ConfigError, SandboxBootError
 from ..sandbox import Backend, BackendStatistics, Sandbox, SandboxSpec, SandboxStatistics
 from ._bridge import ActorHandle, ObjectRef, wait_ref
 from ._leases import LeaseTable, LimiterStatistics
@@ -93,6 +94,10 @@ class _Limiter:
         self._start_expirer()
         self._table.heartbeat(holder, time.monotonic())
 
+    async def holder_ttl(self) -> float:
+        """Seconds without a heartbeat after which a holder's leases are reclaimed."""
+        return self._table.holder_ttl_sec
+
     async def reclaim(self, holder: str) -> int:
         """Take back every lease of ``holder`` (a worker known dead); returns how many."""
         for lease_id, waiter in list(self._waiters.items()):
@@ -123,16 +128,25 @@ def open_limiter(
     holder_ttl_sec: float = 60.0,
     name: str | None = DEFAULT_LIMITER_NAME,
     namespace: str | None = None,
+    detached: bool = False,
 ) -> ActorHandle:
     """The cluster's limiter actor: the one named ``name`` if it exists, else a new one.
 
-    ``name=None`` makes a private (unnamed) limiter. The caps of an existing limiter are kept.
+    ``name=None`` makes a private (unnamed) limiter. The caps and holder TTL of an existing
+    limiter are kept. ``holder_ttl_sec``: a holder (worker) silent that long has its leases
+    reclaimed (its workers heartbeat every quarter of it, at most every 5 s). ``detached``: a
+    new limiter outlives the process that made it (it is otherwise gone with that process, and
+    with it every lease).
     """
+    if holder_ttl_sec <= 0 or not math.isfinite(holder_ttl_sec):
+        raise ConfigError(f"holder_ttl_sec must be a positive number, not {holder_ttl_sec}")
     options: dict[str, Any] = {}
     if name is not None:
         options.update(name=name, get_if_exists=True)
         if namespace is not None:
             options["namespace"] = namespace
+    if detached:
+        options["lifetime"] = "detached"
     return (
         ray.remote(_Limiter)
         .options(num_cpus=0, max_concurrency=100_000, **options)

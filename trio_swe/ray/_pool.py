@@ -4,7 +4,8 @@
 dispatches episodes to the least loaded live worker, at most ``concurrency`` per worker. A worker
 that dies mid-episode (``ray.kill``, OOM, node loss) costs nothing but time: its episodes run
 again on another worker (each instance is in the results exactly once), the limiter gets its
-leases back at once, and a replacement worker is started. Leaving a rollout early or cancelling
+leases back at once, a surviving worker kills the dead one's provider sandboxes (found by their
+owner metadata), and a replacement worker is started. Leaving a rollout early or cancelling
 the driver cancels the episodes on their workers and waits until their sandboxes are killed.
 
 Everything here is trio; from asyncio the same objects work (``async with pool``,
@@ -41,6 +42,7 @@ from ..results import decode_result
 from ._bridge import ActorHandle, ObjectRef, cancel_and_wait, wait_ref
 from ._leases import LimiterStatistics
 from ._limiter import open_limiter
+from ._owned import DEFAULT_ORPHAN_TTL_SEC, check_orphan_ttl
 from ._wire import Job, encode_config, encode_job
 from ._worker import AgentFactory, BackendFactory, RolloutWorker, WorkerInfo, WorkerStatistics
 
@@ -52,6 +54,8 @@ T = TypeVar("T")
 
 #: How long a cancelled episode may take to clean up on its worker before the driver moves on.
 CANCEL_TIMEOUT_SEC = 60.0
+#: How long reaping a dead worker's sandboxes may take (their short TTL is the backstop).
+REAP_TIMEOUT_SEC = 60.0
 
 
 class WorkerPoolError(TrioSweError):
@@ -61,8 +65,9 @@ class WorkerPoolError(TrioSweError):
 class _Worker:
     """The driver's view of one worker."""
 
-    def __init__(self, index: int, handle: ActorHandle, options: dict[str, Any]):
+    def __init__(self, index: int, worker_id: str, handle: ActorHandle, options: dict[str, Any]):
         self.index = index
+        self.worker_id = worker_id
         self.handle = handle
         self.options = options
         self.ready_ref: ObjectRef = handle.ready.remote()
@@ -124,8 +129,15 @@ class WorkerPool:
         namespace: Ray namespace of named workers and the limiter.
         replace_dead: start a replacement for a worker that died.
         runtime_env: Ray runtime environment of the workers.
-        detached: a shared pool's workers outlive the process that started them (until
-            :meth:`shutdown` or the cluster's end); otherwise they die with it.
+        detached: a shared pool's workers (and a limiter it creates) outlive the process that
+            started them (until :meth:`shutdown` or the cluster's end); otherwise they die with
+            it (Ray kills the actors of a dead owner).
+        lease_ttl_sec: a worker silent that long (dead with no driver to tell) has its leases
+            reclaimed by the limiter; applies to a limiter this pool creates.
+        orphan_ttl_sec: a worker's provider sandboxes (E2B) get this TTL, pushed forward while
+            the worker lives (never past the TTL the episode asked for): a worker that dies
+            with nobody left to reap its sandboxes leaves them for at most this long. None:
+            sandboxes keep the episode's TTL.
     """
 
     def __init__(
@@ -147,7 +159,12 @@ class WorkerPool:
         replace_dead: bool = True,
         runtime_env: Mapping[str, Any] | None = None,
         detached: bool = False,
+        lease_ttl_sec: float = 60.0,
+        orphan_ttl_sec: float | None = DEFAULT_ORPHAN_TTL_SEC,
     ) -> None:
+        check_orphan_ttl(orphan_ttl_sec)
+        if not (lease_ttl_sec > 0 and math.isfinite(lease_ttl_sec)):
+            raise ConfigError(f"lease_ttl_sec must be a positive number, not {lease_ttl_sec}")
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
         if workers is not None and workers < 1:
@@ -170,12 +187,16 @@ class WorkerPool:
         self._replace_dead = replace_dead
         self._runtime_env = dict(runtime_env) if runtime_env is not None else None
         self._detached = detached
+        self._lease_ttl = lease_ttl_sec
+        self._orphan_ttl = orphan_ttl_sec
         self._workers: list[_Worker] = []
         self._limiter: ActorHandle | None = None
         self._changed = trio.Event()
         self._started = False
         self.reruns = 0
         self.deaths = 0
+        self.reaps = 0
+        self.reaped = 0
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def __aenter__(self) -> WorkerPool:
@@ -212,8 +233,10 @@ class WorkerPool:
             self._limiter = open_limiter(
                 max_booting=self._max_booting,
                 max_alive=self._max_alive,
+                holder_ttl_sec=self._lease_ttl,
                 name=self._limiter_name,
                 namespace=self._namespace,
+                detached=self._detached,
             )
         config = encode_config(self.config)
         for index, options in enumerate(self._placements()):
@@ -266,9 +289,15 @@ class WorkerPool:
             if self._detached:
                 opts["lifetime"] = "detached"
         handle = RolloutWorker.options(**opts).remote(
-            worker_id, config, self.concurrency, self._backend, self._agent, self._limiter
+            worker_id,
+            config,
+            self.concurrency,
+            self._backend,
+            self._agent,
+            self._limiter,
+            self._orphan_ttl,
         )
-        return _Worker(index, handle, options)
+        return _Worker(index, worker_id, handle, options)
 
     async def _aclose_trio(self, stop_workers: bool) -> None:
         workers, self._workers = self._workers, []
@@ -305,33 +334,49 @@ class WorkerPool:
             starting = [w for w in self._workers if w.state == "starting"]
             if not live and not starting:
                 raise WorkerPoolError("no rollout worker is alive")
-            async with trio.open_nursery() as nursery:
+            await self._wait_changed(starting)
 
-                async def watch(w: _Worker, nursery: trio.Nursery = nursery) -> None:
-                    try:
-                        w.mark_live(await wait_ref(w.ready_ref))
-                    except ray.exceptions.RayError as exc:
-                        logger.warning("replacement worker %d failed to start: %s", w.index, exc)
-                        w.state = "dead"
-                    nursery.cancel_scope.cancel()
+    async def _any_live(self) -> _Worker | None:
+        """A live worker (waiting for one that is starting), or None when none is left."""
+        while True:
+            live = [w for w in self._workers if w.state == "live"]
+            if live:
+                return min(live, key=lambda w: w.running)
+            starting = [w for w in self._workers if w.state == "starting"]
+            if not starting:
+                return None
+            await self._wait_changed(starting)
 
-                async def wait_changed(
-                    nursery: trio.Nursery = nursery, changed: trio.Event = self._changed
-                ) -> None:
-                    await changed.wait()
-                    nursery.cancel_scope.cancel()
+    async def _wait_changed(self, starting: list[_Worker]) -> None:
+        """Until a worker of ``starting`` is ready (or failed), or the pool changed."""
+        async with trio.open_nursery() as nursery:
 
-                for w in starting:
-                    nursery.start_soon(watch, w)
-                nursery.start_soon(wait_changed)
+            async def watch(w: _Worker, nursery: trio.Nursery = nursery) -> None:
+                try:
+                    w.mark_live(await wait_ref(w.ready_ref))
+                except ray.exceptions.RayError as exc:
+                    logger.warning("replacement worker %d failed to start: %s", w.index, exc)
+                    w.state = "dead"
+                nursery.cancel_scope.cancel()
+
+            async def wait_changed(
+                nursery: trio.Nursery = nursery, changed: trio.Event = self._changed
+            ) -> None:
+                await changed.wait()
+                nursery.cancel_scope.cancel()
+
+            for w in starting:
+                nursery.start_soon(watch, w)
+            nursery.start_soon(wait_changed)
 
     def _release(self, worker: _Worker) -> None:
         worker.running -= 1
         self._notify()
 
-    def _died(self, worker: _Worker, error: BaseException) -> None:
+    def _died(self, worker: _Worker, error: BaseException) -> bool:
+        """Mark ``worker`` dead (True the first time): kill it, reclaim its leases, replace it."""
         if worker.state == "dead":
-            return
+            return False
         logger.warning("rollout worker %d died: %s", worker.index, error)
         worker.state = "dead"
         self.deaths += 1
@@ -339,8 +384,8 @@ class WorkerPool:
             ray.kill(worker.handle)  # unreachable but alive must not keep running episodes
         except Exception:
             pass
-        if self._limiter is not None and worker.info is not None:
-            self._limiter.reclaim.remote(worker.info.worker_id)
+        if self._limiter is not None:
+            self._limiter.reclaim.remote(worker.worker_id)
         if self._replace_dead and self._started:
             index = max(w.index for w in self._workers) + 1
             options = dict(worker.options)
@@ -353,6 +398,33 @@ class WorkerPool:
             self._workers.append(self._spawn(index, options, encode_config(self.config)))
         self._workers = [w for w in self._workers if w.state != "dead"]
         self._notify()
+        return True
+
+    async def _reap(self, dead: _Worker) -> None:
+        """Have a live worker kill the sandboxes ``dead`` left at the provider (shielded,
+        bounded: a cancelled driver still reaps; what is missed dies at its short TTL)."""
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + REAP_TIMEOUT_SEC
+            while True:
+                reaper = await self._any_live()
+                if reaper is None:
+                    logger.warning("no live worker to reap worker %s's sandboxes", dead.worker_id)
+                    return
+                try:
+                    killed: list[str] = await wait_ref(reaper.handle.reap.remote(dead.worker_id))
+                except ray.exceptions.RayActorError as exc:
+                    self._died(reaper, exc)
+                    continue
+                except ray.exceptions.RayError as exc:
+                    logger.warning("reaping worker %s's sandboxes failed: %s", dead.worker_id, exc)
+                    return
+                self.reaps += 1
+                self.reaped += len(killed)
+                if killed:
+                    logger.warning(
+                        "killed %d sandboxes of dead worker %s", len(killed), dead.worker_id
+                    )
+                return
 
     async def _run_job(
         self,
@@ -364,8 +436,12 @@ class WorkerPool:
         sampling_params: Mapping[str, Any] | None,
         network: bool,
         build_samples: bool,
+        on_late: Callable[[bytes], None] | None = None,
     ) -> tuple[bytes, EpisodeResult] | None:
-        """Run one episode on some worker, again elsewhere if that worker dies."""
+        """Run one episode on some worker, again elsewhere if that worker dies.
+
+        ``on_late(frame)``: the episode finished on its worker while this call was being
+        cancelled (its result would otherwise be lost)."""
         params = dict(sampling_params) if sampling_params is not None else None
         while True:
             if worker is None:
@@ -384,15 +460,22 @@ class WorkerPool:
                 try:
                     reply = await wait_ref(ref)
                 except trio.Cancelled:
-                    await cancel_and_wait(ref, timeout_sec=CANCEL_TIMEOUT_SEC)
+                    late = await cancel_and_wait(ref, timeout_sec=CANCEL_TIMEOUT_SEC)
+                    if late and on_late is not None:
+                        on_late(late)
                     raise
             except ray.exceptions.RayActorError as exc:
-                self._died(worker, exc)
-                self.reruns += 1
-                continue
-            finally:
                 self._release(worker)
+                if self._died(worker, exc):
+                    await self._reap(worker)
+                self.reruns += 1
                 worker = None
+                continue
+            except BaseException:
+                self._release(worker)
+                raise
+            self._release(worker)
+            worker = None
             if not reply:
                 return None  # cancelled on the worker (a batch cancel from elsewhere)
             return reply, decode_result(reply)
@@ -475,6 +558,10 @@ class WorkerPool:
         batch = uuid.uuid4().hex
         send, receive = trio.open_memory_channel[EpisodeResult](math.inf)
 
+        def late(frame: bytes) -> None:
+            if on_frame is not None:
+                on_frame(frame, decode_result(frame))
+
         async def one(
             md: InstanceMetadata, worker: _Worker, out: trio.MemorySendChannel[EpisodeResult]
         ) -> None:
@@ -484,6 +571,7 @@ class WorkerPool:
                     batch=batch,
                     worker=worker,
                     episode_id=episode_id(md) if episode_id is not None else None,
+                    on_late=late,
                     **options,
                 )
                 if got is not None:
@@ -553,13 +641,16 @@ class WorkerPool:
         return msgspec.msgpack.decode(raw, type=LimiterStatistics)
 
     def statistics(self) -> Mapping[str, int]:
-        """``live``/``starting`` workers, ``running`` episodes, worker ``deaths``, ``reruns``."""
+        """``live``/``starting`` workers, ``running`` episodes, worker ``deaths``, ``reruns``,
+        ``reaps`` of dead workers' sandboxes done and the sandboxes they killed (``reaped``)."""
         return {
             "live": sum(1 for w in self._workers if w.state == "live"),
             "starting": sum(1 for w in self._workers if w.state == "starting"),
             "running": sum(w.running for w in self._workers),
             "deaths": self.deaths,
             "reruns": self.reruns,
+            "reaps": self.reaps,
+            "reaped": self.reaped,
         }
 
     async def _call_async(self, fn: Callable[[], Awaitable[T]]) -> T:

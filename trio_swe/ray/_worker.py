@@ -13,8 +13,10 @@ sandboxes mean a thousand threads), and Ray's ``ray.cancel`` of an async actor t
 waits out (sandboxes killed) before the task ends. Per call the two differ by a couple of
 milliseconds either way depending on load (``python -m bench ray``), nothing next to an episode.
 
-A worker killed outright (``ray.kill``, OOM, node loss) takes its sandboxes with it: the local
-backend's sandboxes die with their parent process (the init's lifeline pipe), E2B's at their TTL.
+A worker killed outright (``ray.kill``, OOM, node loss, its driver killed) runs no cleanup. Its
+local sandboxes die with it (the init's lifeline pipe). Its E2B sandboxes carry its id in their
+metadata (:mod:`._owned`): the pool has a surviving worker list and kill them (:meth:`reap`), and
+their short TTL, pushed forward only while this worker lives, reclaims them when nobody is left.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from ..config import SweConfig
 from ..episode import run_episode
 from ..results import encode_result
 from ..sandbox import Backend, open_backend
-from ._bridge import ActorHandle
+from ._bridge import ActorHandle, wait_ref
 from ._limiter import LeasedBackend, LimiterClient
+from ._owned import DEFAULT_ORPHAN_TTL_SEC, OwnedBackend, kill_owned
 from ._wire import decode_config, decode_job
 
 __all__ = ["AgentFactory", "BackendFactory", "RolloutWorker", "WorkerInfo"]
@@ -52,7 +55,8 @@ BackendFactory = Callable[[], Any]
 #: ``create_agent(config)``).
 AgentFactory = Callable[[SweConfig], Agent]
 
-#: Seconds between heartbeats to the limiter (its holder TTL should be several of these).
+#: Longest wait between heartbeats to the limiter; shorter when its holder TTL is short (a
+#: quarter of it), so a live worker is never taken for a silent one.
 HEARTBEAT_SEC = 5.0
 
 
@@ -104,8 +108,10 @@ class _Worker:
         backend: str | BackendFactory | None = None,
         agent: str | AgentFactory | None = None,
         limiter: ActorHandle | None = None,
+        orphan_ttl_sec: float | None = DEFAULT_ORPHAN_TTL_SEC,
     ) -> None:
         self._id = worker_id
+        self._orphan_ttl = orphan_ttl_sec
         self._config = decode_config(config)
         self._concurrency = concurrency
         self._backend_spec: str | BackendFactory = backend or self._config.backend
@@ -115,6 +121,7 @@ class _Worker:
         self._host_ready: asyncio.Future[None] | None = None
         self._stop: trio.Event | None = None
         self._backend: Backend | None = None
+        self._own_backend: Backend | None = None  # not wrapped: what reaps another's sandboxes
         self._agent: Agent | None = None
         self._slots: trio.CapacityLimiter | None = None
         self._batches: dict[str, dict[str, trio.CancelScope]] = {}
@@ -146,10 +153,13 @@ class _Worker:
                 agent_spec = self._agent_spec
                 agent = agent_spec(cfg) if callable(agent_spec) else create_agent(cfg, agent_spec)
                 try:
+                    self._own_backend = backend
+                    backend = OwnedBackend(backend, self._id, orphan_ttl_sec=self._orphan_ttl)
                     if self._limiter is not None:
                         client = LimiterClient(self._limiter, self._id)
                         backend = LeasedBackend(backend, client)
-                        nursery.start_soon(client.heartbeat_forever, HEARTBEAT_SEC)
+                        ttl: float = await wait_ref(self._limiter.holder_ttl.remote())
+                        nursery.start_soon(client.heartbeat_forever, min(HEARTBEAT_SEC, ttl / 4))
                     self._backend, self._agent = backend, agent
                     self._slots = trio.CapacityLimiter(self._concurrency)
                     assert self._host_ready is not None
@@ -187,6 +197,11 @@ class _Worker:
         """Cancel the episodes of ``batch`` and wait until they have cleaned up; how many."""
         await self._start()
         return await aio.run(self._cancel_batch, batch)
+
+    async def reap(self, owner: str) -> list[str]:
+        """Kill the sandboxes of ``owner`` (a dead worker) through this worker's backend."""
+        await self._start()
+        return await aio.run(self._reap, owner)
 
     async def statistics(self) -> bytes:
         await self._start()
@@ -245,6 +260,10 @@ class _Worker:
                 self._batches.pop(job.batch, None)
             self._idle.pop(job.key, None)
             done.set()
+
+    async def _reap(self, owner: str) -> list[str]:
+        assert self._own_backend is not None
+        return await kill_owned(self._own_backend, owner)
 
     async def _cancel_batch(self, batch: str) -> int:
         scopes = dict(self._batches.get(batch, {}))

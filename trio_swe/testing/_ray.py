@@ -24,7 +24,13 @@ import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["LOOPBACK", "RAY_LOOPBACK_ENV", "add_loopback_node", "local_ray_cluster"]
+__all__ = [
+    "LOOPBACK",
+    "RAY_LOOPBACK_ENV",
+    "add_loopback_node",
+    "join_local_ray_cluster",
+    "local_ray_cluster",
+]
 
 LOOPBACK = "127.0.0.1"
 
@@ -133,3 +139,14 @@ def local_ray_cluster(
         finally:
             ray_constants.ENABLE_RAY_CLUSTER = saved
             cluster.shutdown()
+
+
+def join_local_ray_cluster(address: str, *, namespace: str | None = None) -> None:
+    """Connect this process (another driver) to a running :func:`local_ray_cluster`, on
+    loopback as the cluster's own processes are. Disconnect with ``ray.shutdown()``."""
+    import ray
+    from ray._private import ray_constants
+
+    os.environ.update(RAY_LOOPBACK_ENV)
+    ray_constants.ENABLE_RAY_CLUSTER = False  # read when ray was imported
+    ray.init(address=address, _node_ip_address=LOOPBACK, namespace=namespace)
