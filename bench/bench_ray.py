@@ -40,6 +40,7 @@ import trio.lowlevel
 
 from trio_swe import EpisodeResult, SweConfig, run_rollouts
 from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.config import replace_option
 from trio_swe.demo import build_demo_set, open_scripted_policy_server
 from trio_swe.grading import InstanceMetadata, get_metadata
 from trio_swe.results import decode_result, encode_result
@@ -52,15 +53,17 @@ OVERHEAD_EPISODES = 7
 
 
 def _config(policy_url: str) -> SweConfig:
-    return msgspec.structs.replace(
-        SweConfig(),
-        policy_url=policy_url,
-        agent_time_budget_sec=120.0,
-        eval_timeout_sec=120.0,
-        setup_timeout_sec=120.0,
-        boot_concurrency=16,
-        max_turns=10,
-    )
+    config = SweConfig()
+    for path, value in {
+        "bash.policy_url": policy_url,
+        "episode.agent_time_budget_sec": 120.0,
+        "episode.eval_timeout_sec": 120.0,
+        "episode.setup_timeout_sec": 120.0,
+        "boot.concurrency": 16,
+        "bash.max_turns": 10,
+    }.items():
+        config = replace_option(config, path, value)
+    return config
 
 
 Runner = Callable[[list[InstanceMetadata], Callable[[InstanceMetadata], None]], Awaitable[Any]]

@@ -149,7 +149,15 @@ def open_limiter(
         options["lifetime"] = "detached"
     return (
         ray.remote(_Limiter)
-        .options(num_cpus=0, max_concurrency=100_000, **options)
+        .options(
+            num_cpus=0,
+            max_concurrency=100_000,
+            # On the head node, which goes only with the cluster: a limiter lost with some
+            # worker node would take every lease's bookkeeping with it (as Ray Train places
+            # its state actor).
+            resources={"node:__internal_head__": 0.001},
+            **options,
+        )
         .remote(max_booting, max_alive, holder_ttl_sec)
     )
 
