@@ -15,8 +15,10 @@ from trio or asyncio::
                 ...
 
 A worker that dies mid-episode has its episodes run again elsewhere (each instance once in the
-results); its sandboxes die with it (local backend) or at their TTL (E2B), and its limiter
-leases return. Cancelling the driver cancels every worker's episodes and waits for their cleanup.
+results); its sandboxes die with it (local backend) or are found by their owner metadata and
+killed by a surviving worker (E2B; a short TTL that only live workers push forward catches the
+rest), and its limiter leases return. Cancelling the driver cancels every worker's episodes and
+waits for their cleanup.
 """
 
 from __future__ import annotations
