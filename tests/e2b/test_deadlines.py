@@ -19,8 +19,8 @@ from trio_swe.testing import Fault, FaultPlan, open_envd_server
 
 from .helpers import RetryPolicy, e2b_backend_for
 
-#: Slack for scheduling on a loaded 2-core machine (the old overrun was 16-25 s).
-SLACK = 1.5
+#: Slack for scheduling on a loaded 2-core machine (the old code took 28-35 s in these tests).
+SLACK = 6.0
 
 
 @pytest.mark.parametrize("kind", ["rst", "hang", "tcp_close"])
