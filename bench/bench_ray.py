@@ -12,11 +12,15 @@ policy server:
 * what crosses Ray per episode: encoding the job and decoding the result frame (msgpack, the
   samples as ``encode_sample`` buffers) against pickling the same objects;
 * hosting trio in an actor: an async actor with trio as a guest of its loop (what the workers
-  do) against a threaded actor running ``trio.run`` in a thread, per call.
+  do) against a threaded actor running ``trio.run`` in a thread, per call;
+* a dead worker's E2B sandboxes (against the local envd server): from ``ray.kill`` of a worker
+  holding sandboxes to every one of them gone, against the driver listing and killing as many
+  sandboxes itself (``E2BBackend.kill_sandboxes``), and the TTL they would otherwise live.
 
 Run: ``python -m bench ray``. ``BENCH_RAY_CONCURRENCY`` (default 4, the total) and
 ``BENCH_RAY_EPISODES`` (default 14) set the throughput runs; ``BENCH_RAY_ROUNDS`` (default 3)
-repeats them (medians are printed). The machine's 2 cores are shared by both simulated nodes,
+repeats them (medians are printed); ``BENCH_RAY_ONLY=orphans`` (or ``throughput``,
+``hosting``) runs one section. The machine's 2 cores are shared by both simulated nodes,
 so two workers cannot be faster than one here: the figures show what Ray costs, not a speed-up.
 """
 
@@ -32,7 +36,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from typing import Any
+from urllib.parse import urlencode
 
 import msgspec
 import trio
@@ -50,6 +56,7 @@ CONCURRENCY = int(os.environ.get("BENCH_RAY_CONCURRENCY", "4"))
 EPISODES = int(os.environ.get("BENCH_RAY_EPISODES", "14"))
 ROUNDS = int(os.environ.get("BENCH_RAY_ROUNDS", "3"))
 OVERHEAD_EPISODES = 7
+ONLY = os.environ.get("BENCH_RAY_ONLY", "")
 
 
 def _config(policy_url: str) -> SweConfig:
@@ -329,14 +336,121 @@ def _hosting() -> None:
     ray.kill(guest)
 
 
+async def _owned_ids(envd: Any, owner: str) -> list[str]:
+    """The live sandboxes of ``owner``, listed by metadata through the REST API."""
+    import httpx
+
+    from trio_swe.ray._owned import OWNER_KEY
+
+    async with httpx.AsyncClient(base_url=envd.api_url) as client:
+        resp = await client.get(
+            "/v2/sandboxes",
+            params={"metadata": urlencode({OWNER_KEY: owner})},
+            headers={"x-api-key": envd.api_key or ""},
+        )
+    resp.raise_for_status()
+    return [s["sandboxID"] for s in resp.json()]
+
+
+async def _orphans(tmp: str) -> None:
+    """A worker killed while it holds E2B sandboxes: how long until they are gone."""
+    import ray
+
+    from trio_swe.ray import WorkerPool
+    from trio_swe.ray._owned import DEFAULT_ORPHAN_TTL_SEC, OWNER_KEY
+    from trio_swe.sandbox import open_sandbox
+    from trio_swe.sandbox.e2b import E2BBackend
+    from trio_swe.testing import open_envd_server
+
+    demo = build_demo_set(f"{tmp}/orphans-repos")
+    rows = [r for r in demo.rows if r["metadata"]["instance_id"] not in demo.timeouts]
+    mds = [get_metadata(r, "scaleswe") for r in rows]
+    envd_backend = LocalBackend(state_dir=f"{tmp}/envd-state")
+    async with (
+        open_envd_server(
+            backend=envd_backend, templates={md.image: md.image for md in mds}
+        ) as envd,
+        open_scripted_policy_server(demo.scripts) as server,
+    ):
+        opts: dict[str, Any] = {
+            "api_key": envd.api_key,
+            "api_url": envd.api_url,
+            "sandbox_url": envd.sandbox_url,
+            "h2c": True,
+        }
+        config = replace_option(_config(server.url), "backend", "e2b")
+        reaps: list[float] = []
+        held: list[int] = []
+        async with WorkerPool(
+            resources=[{"node_a": 1}, {"node_b": 1}],
+            concurrency=3,
+            config=config,
+            backend=functools.partial(E2BBackend, **opts),
+            limiter_name=None,
+            num_cpus=0,
+        ) as pool:
+            for _ in range(ROUNDS):
+
+                async def watch(ids: list[str], t0: float) -> None:
+                    for sandbox_id in ids:
+                        await envd.wait_sandbox_gone(sandbox_id)
+                    reaps.append(time.monotonic() - t0)
+
+                killed = False
+                async with (
+                    trio.open_nursery() as nursery,
+                    pool.rollouts(mds * 2, network=False) as stream,
+                ):
+                    async for _ in stream:
+                        if killed:
+                            continue
+                        for w in pool.live_workers():
+                            ids = await _owned_ids(envd, w.info.worker_id)
+                            if w.running and ids:
+                                nursery.start_soon(watch, ids, time.monotonic())
+                                ray.kill(w.handle)
+                                held.append(len(ids))
+                                killed = True
+                                break
+        # The floor: the driver lists and kills as many sandboxes itself.
+        direct: list[float] = []
+        async with E2BBackend(**opts) as backend:
+            for n in held:
+                async with AsyncExitStack() as stack:
+                    for _ in range(n):
+                        sb = await stack.enter_async_context(
+                            open_sandbox(backend, mds[0].image, metadata={OWNER_KEY: "bench"})
+                        )
+                        del sb
+                    t0 = time.monotonic()
+                    await backend.kill_sandboxes({OWNER_KEY: "bench"})
+                    direct.append(time.monotonic() - t0)
+    if not reaps:
+        print("\norphans: no worker held a sandbox when a result came in; nothing measured")
+        return
+    reap, floor = statistics.median(reaps), statistics.median(direct)
+    print()
+    print(f"a killed worker's E2B sandboxes ({len(reaps)} kills, {statistics.median(held)} held)")
+    print(f"  ray.kill -> all its sandboxes gone (reaped)     {reap * 1e3:>9.1f} ms")
+    print(f"  driver lists and kills as many itself           {floor * 1e3:>9.1f} ms")
+    print(f"  reaped / direct                                 {reap / floor:>9.2f}x")
+    print(
+        f"  without a reap: until the orphan TTL            {DEFAULT_ORPHAN_TTL_SEC * 1e3:>9.0f} ms"
+    )
+
+
 def main() -> None:
     from trio_swe.testing._ray import local_ray_cluster
 
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench_ray-") as tmp, local_ray_cluster():
         print(f"two-node cluster on loopback up in {time.monotonic() - t0:.1f} s")
-        trio.run(_throughput_and_overhead, tmp)
-        _hosting()
+        if ONLY in ("", "throughput"):
+            trio.run(_throughput_and_overhead, tmp)
+        if ONLY in ("", "hosting"):
+            _hosting()
+        if ONLY in ("", "orphans"):
+            trio.run(_orphans, tmp)
 
 
 if __name__ == "__main__":
