@@ -28,11 +28,16 @@ def qwen3_tokenizer() -> Any:
 @asynccontextmanager
 async def scripted_policy(
     scripts: Mapping[str, Sequence[str | ScriptedCompletion]],
+    *,
+    incremental_streaming: bool = False,
 ) -> AsyncIterator[tuple[ScriptedPolicyServer, SGLangPolicy]]:
     """The scripted policy server on the Qwen3 tokenizer, and a client of it."""
     async with (
         open_scripted_policy_server(
-            scripts, tokenizer=RawTextTokenizer(qwen3_tokenizer()), key_pattern=KEY_PATTERN
+            scripts,
+            tokenizer=RawTextTokenizer(qwen3_tokenizer()),
+            key_pattern=KEY_PATTERN,
+            incremental_streaming=incremental_streaming,
         ) as server,
         SGLangPolicy(server.url) as policy,
     ):

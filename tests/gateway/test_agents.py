@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import trio
 
 from trio_swe import SampleBuilder, run_episode
 from trio_swe.agents import AgentTask, PolicyError, PolicyOutput
@@ -156,7 +157,7 @@ async def test_cli_demo_episode(agent: str, instance: str, tmp_path: Path) -> No
     _, mds, backend = build_demo(tmp_path)
     inst = next(i for i in DEMO_INSTANCES if i.instance_id == instance)
     md = next(m for m in mds if m.instance_id == inst.instance_id)
-    budget = 40.0 if inst.times_out else 180.0
+    budget = 90.0 if inst.times_out else 180.0  # opencode alone starts in ~10-40 s, loaded
     async with scripted_policy({inst.instance_id: cli_script(agent, inst)}) as (_, policy):
         cli = CliAgent(agent, policy=policy, tokenizer=qwen3_tokenizer())
         result = await run_episode(
@@ -306,3 +307,56 @@ def test_generate_with_claude_code(tmp_path: Path, monkeypatch: pytest.MonkeyPat
             len(s.metadata["trajectory"]["turn_kinds"]) - 1
         )
         assert "<tool_call>" in s.response
+
+
+async def _provide_libraries(sb: Any, exe: Path) -> None:
+    """The test image carries only the libraries of a few tools; give it those the agent's
+    executable loads that it lacks (Claude Code's Bun needs librt; SWE-bench images have it)."""
+    out = await trio.run_process(["ldd", str(exe)], capture_stdout=True)
+    for lib in re.findall(r"=> (/\S+)", out.stdout.decode()):
+        if not (await sb.exec(f"test -e {lib}", user="root")).ok:
+            data = await trio.Path(lib).read_bytes()
+            await sb.write_file(lib, data, user="root")
+
+
+@pytest.mark.parametrize("agent", AGENTS)
+async def test_cli_on_the_docker_backend(agent: str, tmp_path: Path, docker_env: Any) -> None:
+    """The same read/edit/finish in a container without a network: the agents' cache and the
+    gateway's socket directory bind-mounted read-only, the forwarder inside. The image has no
+    Node.js: Codex runs its native executable; Qwen Code (Node.js only) is refused, clearly."""
+    from trio_swe import AgentInstallError
+    from trio_swe.agents._cli import cli_agent_host_paths
+    from trio_swe.sandbox.docker import DockerBackend
+
+    await ensure_installed(agent)
+    async with (
+        scripted_policy(_script(agent)) as (_, policy),
+        DockerBackend(
+            host=docker_env.docker_host,
+            base_image=docker_env.base_image,
+            host_paths=cli_agent_host_paths(),
+            state_dir=tmp_path / "state",
+        ) as backend,
+        open_sandbox(backend, str(_repo(tmp_path)), network=False) as sb,
+    ):
+        cli = CliAgent(agent, policy=policy, tokenizer=qwen3_tokenizer())
+        await sb.exec("chown -R agent: /testbed", user="root")
+        await _provide_libraries(sb, await ensure_installed(agent))
+        if agent == "qwen-code":
+            with pytest.raises(AgentInstallError, match=r"Node\.js"):
+                await cli.run(sb, _task())
+            return
+        outcome = await cli.run(sb, _task())
+        content = (await sb.exec(f"cat {FILE}")).output
+    assert outcome.exit_code == 0, outcome.output[-3000:]
+    assert content == "hello trio\n"
+    assert cli.last_gateway.statistics().by_status.get(404, 0) == 0
+    session = cli.last_session
+    outputs = [t for t in SCRIPTS[agent] if t != "(primer)"]
+    assert session.statistics().turns == len(outputs)
+    turns = session.turns()
+    builder = SampleBuilder()
+    for t in turns:
+        builder.add(t)
+    (sample,) = builder.finish(reward=1.0)
+    assert_token_exact(sample, turns, outputs, session.conversations()[0], session.tools()[0])

@@ -29,12 +29,12 @@ from .._errors import AgentInstallError, ConfigError
 from ..config import SweConfig
 from ..sandbox import Sandbox
 from ._harness import DEFAULT_CLI_PROMPT, run_agent
-from ._install import agent_cache_dir, ensure_installed
+from ._install import CLI_PACKAGES, agent_cache_dir, ensure_installed
 from ._policy import Policy
 from ._registry import AgentFactory, register_agent
 from ._types import Agent, AgentOutcome, AgentTask, BaseAgent
 
-__all__ = ["CLI_AGENTS", "CliAgent", "CliContext", "CliSpec"]
+__all__ = ["CLI_AGENTS", "CliAgent", "CliContext", "CliSpec", "cli_agent_host_paths"]
 
 #: The port the forwarder listens on inside a sandbox without a network (its own namespace).
 FORWARD_PORT = 18080
@@ -289,6 +289,13 @@ def _sandbox_python() -> str:
     return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
 
+def cli_agent_host_paths() -> list[str]:
+    """The host directories a container sandbox must show (read-only, at the same place) for
+    CLI agents to run in it: the agents' install cache and the gateway's socket directory,
+    e.g. ``DockerBackend(host_paths=cli_agent_host_paths())``."""
+    return [str(agent_cache_dir()), str(default_socket_dir())]
+
+
 def default_socket_dir() -> Path:
     """Where per-episode gateways put their unix sockets: ``SWE_GATEWAY_SOCKET_DIR``, else a
     directory local sandboxes see (not under ``/tmp``, which is private to each sandbox)."""
@@ -400,8 +407,9 @@ class CliAgent(BaseAgent):
             raise AgentInstallError(
                 f"{exe} is installed on the host but not visible in the sandbox; keep the agent "
                 "cache (SWE_AGENT_CACHE) outside /tmp and /root, or show it with "
-                "LocalBackend(host_paths=[...])"
+                "LocalBackend(host_paths=[...]) / DockerBackend(host_paths=cli_agent_host_paths())"
             )
+        exe = await self._runnable(sandbox, exe)
         network = bool(getattr(sandbox, "network", True))
         async with (
             self._gateway() as gw,
@@ -466,6 +474,29 @@ class CliAgent(BaseAgent):
             command_sec=max(result.duration_sec - stats.policy_sec, 0.0),
             policy_sec=stats.policy_sec,
             n_commands=stats.tool_calls,
+        )
+
+    async def _runnable(self, sandbox: Sandbox, exe: Path) -> Path:
+        """``exe``, or the package's native executable when ``exe`` is a Node.js script and the
+        sandbox's image has no ``node`` (a container image, unlike a local sandbox, which sees
+        the host's).
+
+        Raises:
+            AgentInstallError: the agent needs Node.js and the image has none.
+        """
+        pkg = CLI_PACKAGES[self.name]
+        if not pkg.needs_node:
+            return exe
+        probe = await sandbox.exec("command -v node", user=self.user, timeout=30)
+        if probe.ok:
+            return exe
+        native = pkg.native_path(self.cache_dir / pkg.dirname)
+        if native is not None and native.exists():
+            return native
+        raise AgentInstallError(
+            f"{self.name} runs on Node.js and the sandbox's image has no node on its PATH; "
+            "use an image with Node.js 20, or an agent with a native executable (claude-code, "
+            "codex, opencode)"
         )
 
     def _command(self, ctx: CliContext, prompt: str, forward: str | None) -> str:

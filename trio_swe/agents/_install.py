@@ -53,6 +53,10 @@ class CliPackage(msgspec.Struct, frozen=True, kw_only=True):
         package: the package's name in that registry.
         version: the pinned version (newer releases of some need Node 22; these run on Node 20).
         binary: the executable the package installs.
+        needs_node: ``binary`` is a Node.js script (Claude Code's and opencode's are native
+            executables; a Python agent runs on the interpreter its virtualenv was made with).
+        native: the native executable a Node.js wrapper starts, relative to the prefix (run
+            directly in sandboxes whose image has no ``node``).
     """
 
     name: str
@@ -60,6 +64,12 @@ class CliPackage(msgspec.Struct, frozen=True, kw_only=True):
     package: str
     version: str
     binary: str
+    needs_node: bool = False
+    native: str | None = None
+
+    def native_path(self, root: Path) -> Path | None:
+        """The platform's own executable, which runs without Node.js (``native``), if any."""
+        return root / self.native if self.native else None
 
     @property
     def dirname(self) -> str:
@@ -84,7 +94,13 @@ CLI_PACKAGES: dict[str, CliPackage] = {
             binary="claude",
         ),
         CliPackage(
-            name="codex", registry="npm", package="@openai/codex", version="0.171.0", binary="codex"
+            name="codex",
+            registry="npm",
+            package="@openai/codex",
+            version="0.171.0",
+            binary="codex",
+            needs_node=True,
+            native="node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
         ),
         CliPackage(
             name="qwen-code",
@@ -92,6 +108,7 @@ CLI_PACKAGES: dict[str, CliPackage] = {
             package="@qwen-code/qwen-code",
             version="0.15.10",
             binary="qwen",
+            needs_node=True,
         ),
         CliPackage(
             name="opencode",

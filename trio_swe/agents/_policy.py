@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from operator import attrgetter
 from typing import Any, Protocol, runtime_checkable
 
@@ -14,7 +14,14 @@ import trio
 
 from .._errors import PolicyError
 
-__all__ = ["Policy", "PolicyError", "PolicyOutput", "PolicyStatistics", "SGLangPolicy"]
+__all__ = [
+    "Policy",
+    "PolicyError",
+    "PolicyOutput",
+    "PolicyStatistics",
+    "SGLangPolicy",
+    "StreamingPolicy",
+]
 
 
 class PolicyStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +76,24 @@ class Policy(Protocol):
         Raises:
             PolicyError: the server failed.
         """
+        ...
+
+
+@runtime_checkable
+class StreamingPolicy(Policy, Protocol):
+    """A :class:`Policy` that can also hand over the sampled ids as they are generated."""
+
+    async def generate_stream(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        on_tokens: Callable[[list[int]], Awaitable[None]],
+        session_id: str | None = None,
+    ) -> PolicyOutput:
+        """As :meth:`Policy.generate`, awaiting ``on_tokens(new_ids)`` for each piece of the
+        output as it arrives; the output returned holds every id (and its log-prob) that was
+        handed over, in order. An exception from ``on_tokens`` ends the generation."""
         ...
 
 
@@ -152,6 +177,18 @@ def decode_generate_reply(data: bytes) -> PolicyOutput:
         finish_reason=finish.type if finish is not None else "stop",
     )
 
+
+class _StreamMeta(msgspec.Struct):
+    output_token_logprobs: list[_LogprobEntry] = []
+    finish_reason: _FinishReason | None = None
+    completion_tokens: int | None = None
+
+
+class _StreamChunk(msgspec.Struct):
+    meta_info: _StreamMeta
+
+
+_decode_chunk = msgspec.json.Decoder(_StreamChunk).decode
 
 #: Bound on the shielded ``/abort_request`` sent when a generation is cancelled.
 ABORT_TIMEOUT_SEC = 5.0
@@ -251,6 +288,89 @@ class SGLangPolicy(trio.abc.AsyncResource):
             raise
         self._stats["output_tokens"] += len(out.output_ids)
         return out
+
+    async def generate_stream(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        on_tokens: Callable[[list[int]], Awaitable[None]],
+        session_id: str | None = None,
+    ) -> PolicyOutput:
+        """See :meth:`StreamingPolicy.generate_stream`: ``/generate`` with ``stream: true``.
+
+        SGLang streams server-sent events (``data: {...}``, ``data: [DONE]``) whose
+        ``meta_info.output_token_logprobs`` hold the output so far (its default) or only the
+        new part (``--incremental-streaming-output``); ``completion_tokens`` tells them apart.
+        A cancelled or failed stream is aborted on the server.
+        """
+        rid = uuid.uuid4().hex
+        body = {
+            "rid": rid,
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params),
+            "return_logprob": True,
+            "stream": True,
+        }
+        headers = dict(self._headers)
+        if session_id:
+            headers["X-SMG-Routing-Key"] = session_id
+        self._stats["requests"] += 1
+        ids: list[int] = []
+        log_probs: list[float] = []
+        finish = "stop"
+        done = False
+        try:
+            async with self._client.stream(
+                "POST",
+                f"{self.base_url}/generate",
+                content=msgspec.json.encode(body),
+                headers=headers,
+            ) as response:
+                if response.status_code >= 400:
+                    text = (await response.aread())[:300].decode(errors="replace")
+                    self._stats["errors"] += 1
+                    done = True  # the server answered: nothing to abort
+                    raise PolicyError(
+                        f"policy /generate answered HTTP {response.status_code}: {text}"
+                    )
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    data = line[5:].strip()
+                    if data == "[DONE]":
+                        break
+                    try:
+                        meta = _decode_chunk(data).meta_info
+                    except msgspec.DecodeError as exc:
+                        self._stats["errors"] += 1
+                        raise PolicyError(
+                            f"policy /generate streamed a malformed chunk: {exc}"
+                        ) from exc
+                    entries = meta.output_token_logprobs
+                    total = meta.completion_tokens
+                    if total is None or len(entries) != total - len(ids):
+                        entries = entries[len(ids) :]  # cumulative: the output so far
+                    if meta.finish_reason is not None:
+                        finish = meta.finish_reason.type
+                    if entries:
+                        new = [e.token_id for e in entries]
+                        ids.extend(new)
+                        log_probs.extend(
+                            e.logprob if e.logprob is not None else math.nan for e in entries
+                        )
+                        await on_tokens(new)
+                done = True
+        except httpx.HTTPError as exc:
+            self._stats["errors"] += 1
+            await self._abort(rid)
+            raise PolicyError(f"policy /generate failed: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            if not done:
+                await self._abort(rid)
+            raise
+        self._stats["output_tokens"] += len(ids)
+        return PolicyOutput(output_ids=ids, log_probs=log_probs, finish_reason=finish)
 
     async def _abort(self, rid: str) -> None:
         # Shielded and bounded: we are usually being cancelled ourselves.

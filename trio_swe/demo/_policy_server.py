@@ -23,7 +23,7 @@ Also served: ``POST /abort_request`` (cancels a pending generation with that ``r
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any
@@ -122,6 +122,24 @@ class _GenerateRequest(msgspec.Struct):
     rid: str | None = None
     sampling_params: dict[str, Any] = {}
     return_logprob: bool = False
+    stream: bool = False
+
+
+#: Tokens per streamed chunk (``stream: true``).
+STREAM_CHUNK_TOKENS = 4
+
+#: A streamed reply: writes its pieces with the given send.
+_Writer = Callable[[Callable[[bytes], Awaitable[None]]], Awaitable[None]]
+
+
+class _Abort:
+    """An ``/abort_request`` of a streamed generation (it stops between chunks)."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+
+    def cancel(self) -> None:
+        self.event.set()
 
 
 class _AbortRequest(msgspec.Struct):
@@ -139,7 +157,9 @@ class ScriptedPolicyServer:
         turn_marker: str,
         key_pattern: str,
         fallback: str,
+        incremental_streaming: bool = False,
     ) -> None:
+        self._incremental = incremental_streaming
         self._scripts = {
             key: [c if isinstance(c, ScriptedCompletion) else ScriptedCompletion(c) for c in seq]
             for key, seq in scripts.items()
@@ -148,7 +168,7 @@ class ScriptedPolicyServer:
         self._turn_marker = turn_marker
         self._key_re = re.compile(key_pattern, re.MULTILINE)
         self._fallback = fallback
-        self._pending: dict[str, trio.CancelScope] = {}
+        self._pending: dict[str, trio.CancelScope | _Abort] = {}
         self.aborted_rids: list[str] = []
         #: The sampling parameters of each generation request, in arrival order.
         self.sampling_params_seen: list[dict[str, Any]] = []
@@ -174,7 +194,7 @@ class ScriptedPolicyServer:
                 return completion
         return ScriptedCompletion(self._fallback)
 
-    async def _generate(self, body: bytes) -> tuple[int, bytes]:
+    async def _generate(self, body: bytes) -> tuple[int, bytes | _Writer]:
         try:
             request = msgspec.json.decode(body, type=_GenerateRequest)
         except msgspec.DecodeError as exc:
@@ -201,6 +221,8 @@ class ScriptedPolicyServer:
             ids = ids[:max_new]
             finish = "length"
         rid = request.rid or ""
+        if request.stream:
+            return 200, self._stream(request, completion, ids, finish)
         with trio.CancelScope() as scope:
             if rid:
                 self._pending[rid] = scope
@@ -226,6 +248,73 @@ class ScriptedPolicyServer:
         }
         return 200, msgspec.json.encode(reply)
 
+    def _stream(
+        self,
+        request: _GenerateRequest,
+        completion: ScriptedCompletion,
+        ids: list[int],
+        finish: str,
+    ) -> _Writer:
+        """SGLang's streamed ``/generate``: a chunk per few tokens, the generation's delay
+        spread over them; each chunk holds the output so far (SGLang's default) or, with
+        ``incremental_streaming``, only its new tokens; then ``data: [DONE]``."""
+        rid = request.rid or ""
+        step = STREAM_CHUNK_TOKENS
+        pieces = [ids[i : i + step] for i in range(0, len(ids), step)]
+        pause = completion.delay_sec / max(len(pieces), 1)
+
+        async def write(send: Callable[[bytes], Awaitable[None]]) -> None:
+            abort = _Abort()
+            if rid:
+                self._pending[rid] = abort
+            self._stats["active"] += 1
+            sent: list[int] = []
+            try:
+                for k, piece in enumerate(pieces):
+                    with trio.move_on_after(pause):
+                        await abort.event.wait()
+                    if abort.event.is_set():
+                        break
+                    start = len(sent)
+                    sent.extend(piece)
+                    last = k == len(pieces) - 1
+                    shown, offset = (piece, start) if self._incremental else (sent, 0)
+                    await send(
+                        self._chunk(request, shown, offset, len(sent), finish if last else None)
+                    )
+            finally:
+                self._stats["active"] -= 1
+                self._pending.pop(rid, None)
+            if abort.event.is_set() or not pieces:
+                tail = [] if self._incremental else sent
+                done = "abort" if abort.event.is_set() else finish
+                await send(self._chunk(request, tail, 0, len(sent), done))
+            await send(b"data: [DONE]\n\n")
+
+        return write
+
+    def _chunk(
+        self,
+        request: _GenerateRequest,
+        ids: list[int],
+        offset: int,
+        total: int,
+        finish: str | None,
+    ) -> bytes:
+        logprobs = [[scripted_logprob(t, offset + i), t, None] for i, t in enumerate(ids)]
+        data = {
+            "text": self._tokenizer.decode(ids),
+            "output_ids": ids,
+            "meta_info": {
+                "id": request.rid or "",
+                "prompt_tokens": len(request.input_ids),
+                "completion_tokens": total,
+                "finish_reason": {"type": finish} if finish else None,
+                "output_token_logprobs": logprobs if request.return_logprob else [],
+            },
+        }
+        return b"data: " + msgspec.json.encode(data) + b"\n\n"
+
     def _abort(self, body: bytes) -> tuple[int, bytes]:
         try:
             rid = msgspec.json.decode(body, type=_AbortRequest).rid
@@ -238,7 +327,9 @@ class ScriptedPolicyServer:
             scope.cancel()
         return 200, b"{}"
 
-    async def _route(self, method: bytes, target: bytes, body: bytes) -> tuple[int, bytes]:
+    async def _route(
+        self, method: bytes, target: bytes, body: bytes
+    ) -> tuple[int, bytes | _Writer]:
         path = target.split(b"?", 1)[0]
         if method == b"POST" and path == b"/generate":
             return await self._generate(body)
@@ -273,14 +364,25 @@ class ScriptedPolicyServer:
                             return
                     self._stats["requests"] += 1
                     status, payload = await self._route(request.method, request.target, bytes(body))
-                    headers = [
-                        ("content-type", "application/json"),
-                        ("content-length", str(len(payload))),
-                    ]
-                    await stream.send_all(
-                        conn.send(h11.Response(status_code=status, headers=headers))
-                    )
-                    await stream.send_all(conn.send(h11.Data(data=payload)))
+                    if isinstance(payload, bytes):
+                        headers = [
+                            ("content-type", "application/json"),
+                            ("content-length", str(len(payload))),
+                        ]
+                        await stream.send_all(
+                            conn.send(h11.Response(status_code=status, headers=headers))
+                        )
+                        await stream.send_all(conn.send(h11.Data(data=payload)))
+                    else:  # streamed (chunked): each piece as it is produced
+                        headers = [("content-type", "text/event-stream")]
+                        await stream.send_all(
+                            conn.send(h11.Response(status_code=status, headers=headers))
+                        )
+
+                        async def send(piece: bytes) -> None:
+                            await stream.send_all(conn.send(h11.Data(data=piece)))
+
+                        await payload(send)
                     await stream.send_all(conn.send(h11.EndOfMessage()))
                     if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                         return
@@ -306,6 +408,7 @@ async def open_scripted_policy_server(
     turn_marker: str | None = None,
     key_pattern: str = DEFAULT_KEY_PATTERN,
     fallback: str = DEFAULT_FALLBACK,
+    incremental_streaming: bool = False,
 ) -> AsyncIterator[ScriptedPolicyServer]:
     """Serve scripted completions on ``127.0.0.1`` (a free port) for the block's duration.
 
@@ -319,6 +422,8 @@ async def open_scripted_policy_server(
             model's generation prompt, or ChatML's ``<|im_start|>assistant\\n``).
         key_pattern: regex with one group finding the key in the decoded prompt.
         fallback: the completion after a script is exhausted or for an unknown key.
+        incremental_streaming: streamed chunks hold only their new tokens (SGLang's
+            ``--incremental-streaming-output``), not the output so far.
 
     Example::
 
@@ -333,6 +438,7 @@ async def open_scripted_policy_server(
         or DEFAULT_TURN_MARKER,
         key_pattern=key_pattern,
         fallback=fallback,
+        incremental_streaming=incremental_streaming,
     )
     # The nursery is ours: the caller's own exception comes out as itself, not in a group.
     async with open_private_nursery("the scripted policy server") as nursery:

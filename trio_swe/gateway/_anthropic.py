@@ -27,7 +27,14 @@ from ._common import (
     text_of,
 )
 
-__all__ = ["error_body", "parse_request", "reply_events", "reply_json"]
+__all__ = [
+    "ReplyStream",
+    "error_body",
+    "parse_request",
+    "reply_events",
+    "reply_json",
+    "stream_error",
+]
 
 _ERROR_TYPES = {
     "invalid_request": "invalid_request_error",
@@ -205,47 +212,98 @@ def reply_json(reply: Reply) -> dict[str, Any]:
     return _message(reply, _content(reply), _STOP[reply.finish], reply.output_tokens)
 
 
-def reply_events(reply: Reply) -> Iterator[bytes]:
-    """The SSE events of a streamed reply, ``message_start`` to ``message_stop``."""
-    yield sse("message_start", {"type": "message_start", "message": _message(reply, [], None, 0)})
-    for index, block in enumerate(_content(reply)):
-        kind = block["type"]
-        if kind == "thinking":
-            start: dict[str, Any] = {"type": "thinking", "thinking": "", "signature": ""}
-            deltas = [
-                {"type": "thinking_delta", "thinking": block["thinking"]},
-                {"type": "signature_delta", "signature": block["signature"]},
-            ]
-        elif kind == "text":
-            start = {"type": "text", "text": ""}
-            deltas = [{"type": "text_delta", "text": block["text"]}] if block["text"] else []
-        else:
-            start = {"type": "tool_use", "id": block["id"], "name": block["name"], "input": {}}
-            deltas = [
+def stream_error(kind: str, message: str) -> bytes:
+    """The ``error`` event that ends a stream which failed after it started."""
+    return sse("error", error_body(kind, message))
+
+
+class ReplyStream:
+    """The SSE events of one reply, sent as the output is generated: ``message_start``, a
+    thinking block and a text block fed delta by delta, then (:meth:`tail`) the tool-use
+    blocks, ``message_delta`` and ``message_stop``."""
+
+    def __init__(self, ref: str, model: str, input_tokens: int) -> None:
+        self._reply = Reply(ref=ref, model=model, input_tokens=input_tokens)
+        self._index = -1
+        self._open: str | None = None  # "thinking" or "text": the block being fed
+
+    def head(self) -> bytes:
+        message = _message(self._reply, [], None, 0)
+        return sse("message_start", {"type": "message_start", "message": message})
+
+    def _start(self, block: dict[str, Any]) -> bytes:
+        self._index += 1
+        self._open = block["type"]
+        return sse(
+            "content_block_start",
+            {"type": "content_block_start", "index": self._index, "content_block": block},
+        )
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse(
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self._index, "delta": delta},
+        )
+
+    def _close(self) -> bytes:
+        out = b""
+        if self._open == "thinking":
+            sig = REF_PREFIX + self._reply.ref
+            out += self._delta({"type": "signature_delta", "signature": sig})
+        if self._open is not None:
+            out += sse("content_block_stop", {"type": "content_block_stop", "index": self._index})
+        self._open = None
+        return out
+
+    def reasoning(self, text: str) -> bytes:
+        out = b""
+        if self._open != "thinking":
+            out += self._start({"type": "thinking", "thinking": "", "signature": ""})
+        return out + self._delta({"type": "thinking_delta", "thinking": text})
+
+    def text(self, text: str) -> bytes:
+        out = b""
+        if self._open != "text":
+            out += self._close() + self._start({"type": "text", "text": ""})
+        if text:
+            out += self._delta({"type": "text_delta", "text": text})
+        return out
+
+    def tail(self, reply: Reply) -> bytes:
+        """The tool calls and the end, for the reply as delivered."""
+        out = b""
+        if self._open is None and self._index < 0 and not reply.tool_calls:
+            out += self.text("")  # a reply has at least one block
+        out += self._close()
+        for call in reply.tool_calls:
+            out += self._start({"type": "tool_use", "id": call.id, "name": call.name, "input": {}})
+            out += self._delta(
                 {
                     "type": "input_json_delta",
-                    "partial_json": json.dumps(block["input"], ensure_ascii=False),
+                    "partial_json": json.dumps(call.arguments, ensure_ascii=False),
                 }
-            ]
-        yield sse(
-            "content_block_start",
-            {"type": "content_block_start", "index": index, "content_block": start},
-        )
-        for delta in deltas:
-            yield sse(
-                "content_block_delta",
-                {"type": "content_block_delta", "index": index, "delta": delta},
             )
-        yield sse("content_block_stop", {"type": "content_block_stop", "index": index})
-    yield sse(
-        "message_delta",
-        {
-            "type": "message_delta",
-            "delta": {"stop_reason": _STOP[reply.finish], "stop_sequence": None},
-            "usage": {"output_tokens": reply.output_tokens},
-        },
-    )
-    yield sse("message_stop", {"type": "message_stop"})
+            out += self._close()
+        out += sse(
+            "message_delta",
+            {
+                "type": "message_delta",
+                "delta": {"stop_reason": _STOP[reply.finish], "stop_sequence": None},
+                "usage": {"output_tokens": reply.output_tokens},
+            },
+        )
+        return out + sse("message_stop", {"type": "message_stop"})
+
+
+def reply_events(reply: Reply) -> Iterator[bytes]:
+    """The SSE events of a streamed reply, ``message_start`` to ``message_stop``."""
+    stream = ReplyStream(reply.ref, reply.model, reply.input_tokens)
+    yield stream.head()
+    if reply.reasoning is not None:
+        yield stream.reasoning(reply.reasoning)
+    if reply.text or not reply.tool_calls:
+        yield stream.text(reply.text)
+    yield stream.tail(reply)
 
 
 def count_tokens_body(input_tokens: int) -> dict[str, Any]:

@@ -28,7 +28,15 @@ from ._common import (
     text_of,
 )
 
-__all__ = ["error_body", "models_body", "parse_request", "reply_chunks", "reply_json"]
+__all__ = [
+    "ReplyStream",
+    "error_body",
+    "models_body",
+    "parse_request",
+    "reply_chunks",
+    "reply_json",
+    "stream_error",
+]
 
 _ERROR_TYPES = {
     "invalid_request": ("invalid_request_error", None),
@@ -193,31 +201,58 @@ def reply_json(reply: Reply) -> dict[str, Any]:
     }
 
 
+def stream_error(kind: str, message: str) -> bytes:
+    """The chunk that ends a stream which failed after it started (OpenAI's error object)."""
+    return sse(None, error_body(kind, message))
+
+
+class ReplyStream:
+    """The SSE chunks of one reply, sent as the output is generated: the role, reasoning and
+    content deltas, then (:meth:`tail`) the tool calls, the finish reason, the usage when
+    asked for and ``data: [DONE]``."""
+
+    def __init__(self, ref: str, model: str, input_tokens: int, *, include_usage: bool) -> None:
+        self._include_usage = include_usage
+        self._base = {
+            "id": f"chatcmpl-{ref}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": model,
+        }
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "finish_reason": finish}
+        return sse(None, {**self._base, "choices": [choice]})
+
+    def head(self) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""})
+
+    def reasoning(self, text: str) -> bytes:
+        return self._chunk({"reasoning_content": text}) if text else b""
+
+    def text(self, text: str) -> bytes:
+        return self._chunk({"content": text}) if text else b""
+
+    def tail(self, reply: Reply) -> bytes:
+        """The tool calls and the end, for the reply as delivered."""
+        out = b""
+        if reply.tool_calls:
+            out += self._chunk({"tool_calls": _calls(reply, indexed=True)})
+        out += self._chunk({}, _FINISH[reply.finish])
+        if self._include_usage:
+            out += sse(None, {**self._base, "choices": [], "usage": _usage(reply)})
+        return out + b"data: [DONE]\n\n"
+
+
 def reply_chunks(reply: Reply, *, include_usage: bool) -> Iterator[bytes]:
     """The SSE chunks of a streamed reply, ending with ``data: [DONE]``."""
-    base = {
-        "id": f"chatcmpl-{reply.ref}",
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": reply.model,
-    }
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-        return sse(
-            None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        )
-
-    yield chunk({"role": "assistant", "content": ""})
+    stream = ReplyStream(reply.ref, reply.model, reply.input_tokens, include_usage=include_usage)
+    yield stream.head()
     if reply.reasoning:
-        yield chunk({"reasoning_content": reply.reasoning})
+        yield stream.reasoning(reply.reasoning)
     if reply.text:
-        yield chunk({"content": reply.text})
-    if reply.tool_calls:
-        yield chunk({"tool_calls": _calls(reply, indexed=True)})
-    yield chunk({}, _FINISH[reply.finish])
-    if include_usage:
-        yield sse(None, {**base, "choices": [], "usage": _usage(reply)})
-    yield b"data: [DONE]\n\n"
+        yield stream.text(reply.text)
+    yield stream.tail(reply)
 
 
 def models_body(names: list[str]) -> dict[str, Any]:

@@ -15,6 +15,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
+
 from ._chat import parse_tools
 from ._common import (
     REF_PREFIX,
@@ -30,7 +32,13 @@ from ._common import (
     text_of,
 )
 
-__all__ = ["parse_request", "reply_events", "reply_json"]
+__all__ = [
+    "ReplyStream",
+    "parse_request",
+    "reply_events",
+    "reply_json",
+    "stream_error",
+]
 
 
 def context_error_message(prompt_tokens: int, limit: int) -> str:
@@ -189,44 +197,162 @@ def reply_json(reply: Reply) -> dict[str, Any]:
     return _response(reply, "completed", _items(reply))
 
 
-def reply_events(reply: Reply) -> Iterator[bytes]:
-    """The SSE events of a streamed reply, ``response.created`` to ``response.completed``."""
-    seq = 0
+def stream_error(kind: str, message: str) -> bytes:
+    """The ``error`` event that ends a stream which failed after it started."""
+    return sse("error", {"type": "error", "code": kind, "message": message, "param": None})
 
-    def event(name: str, data: dict[str, Any]) -> bytes:
-        nonlocal seq
-        out = sse(name, {"type": name, "sequence_number": seq, **data})
-        seq += 1
+
+class ReplyStream:
+    """The SSE events of one reply, sent as the output is generated: ``response.created``, a
+    reasoning item (summary text deltas) and a message item (output text deltas) fed delta by
+    delta, then (:meth:`tail`) the function calls and ``response.completed``."""
+
+    def __init__(self, ref: str, model: str, input_tokens: int) -> None:
+        self._reply = Reply(ref=ref, model=model, input_tokens=input_tokens)
+        self._seq = 0
+        self._index = -1
+        self._open: str | None = None  # "reasoning" or "message"
+        self._reasoning = ""
+        self._text = ""
+
+    def _event(self, name: str, data: dict[str, Any]) -> bytes:
+        out = sse(name, {"type": name, "sequence_number": self._seq, **data})
+        self._seq += 1
         return out
 
-    yield event("response.created", {"response": _response(reply, "in_progress", [])})
-    yield event("response.in_progress", {"response": _response(reply, "in_progress", [])})
-    items = _items(reply)
-    for index, item in enumerate(items):
-        if item["type"] == "message":
-            added = {**item, "status": "in_progress", "content": []}
-            yield event("response.output_item.added", {"output_index": index, "item": added})
+    def head(self) -> bytes:
+        created = _response(self._reply, "in_progress", [])
+        return self._event("response.created", {"response": created}) + self._event(
+            "response.in_progress", {"response": created}
+        )
+
+    def _reasoning_item(self) -> dict[str, Any]:
+        return _items(msgspec.structs.replace(self._reply, reasoning=self._reasoning))[0]
+
+    def _message_item(self) -> dict[str, Any]:
+        return next(
+            i
+            for i in _items(msgspec.structs.replace(self._reply, text=self._text))
+            if i["type"] == "message"
+        )
+
+    def _where(self, item_id: str, **more: Any) -> dict[str, Any]:
+        return {"item_id": item_id, "output_index": self._index, **more}
+
+    def _close(self) -> bytes:
+        out = b""
+        if self._open == "reasoning":
+            item = self._reasoning_item()
+            part = {"type": "summary_text", "text": self._reasoning}
+            where = self._where(item["id"], summary_index=0)
+            out += self._event(
+                "response.reasoning_summary_text.done", {**where, "text": self._reasoning}
+            )
+            out += self._event("response.reasoning_summary_part.done", {**where, "part": part})
+            out += self._event(
+                "response.output_item.done", {"output_index": self._index, "item": item}
+            )
+        elif self._open == "message":
+            item = self._message_item()
+            where = self._where(item["id"], content_index=0)
+            out += self._event("response.output_text.done", {**where, "text": self._text})
+            part = item["content"][0]
+            out += self._event("response.content_part.done", {**where, "part": part})
+            out += self._event(
+                "response.output_item.done", {"output_index": self._index, "item": item}
+            )
+        self._open = None
+        return out
+
+    def reasoning(self, text: str) -> bytes:
+        out = b""
+        item_id = f"rs_{self._reply.ref}"
+        if self._open != "reasoning":
+            self._index += 1
+            self._open = "reasoning"
+            added = {"type": "reasoning", "id": item_id, "summary": []}
+            out += self._event(
+                "response.output_item.added", {"output_index": self._index, "item": added}
+            )
+            part = {"type": "summary_text", "text": ""}
+            out += self._event(
+                "response.reasoning_summary_part.added",
+                {**self._where(item_id, summary_index=0), "part": part},
+            )
+        self._reasoning += text
+        if text:
+            out += self._event(
+                "response.reasoning_summary_text.delta",
+                {**self._where(item_id, summary_index=0), "delta": text},
+            )
+        return out
+
+    def text(self, text: str) -> bytes:
+        out = b""
+        item_id = f"msg_{self._reply.ref}"
+        if self._open != "message":
+            out += self._close()
+            self._index += 1
+            self._open = "message"
+            added = {
+                "type": "message",
+                "id": item_id,
+                "status": "in_progress",
+                "role": "assistant",
+                "content": [],
+            }
+            out += self._event(
+                "response.output_item.added", {"output_index": self._index, "item": added}
+            )
             part = {"type": "output_text", "text": "", "annotations": []}
-            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
-            yield event("response.content_part.added", {**where, "part": part})
-            text = item["content"][0]["text"]
-            if text:
-                yield event("response.output_text.delta", {**where, "delta": text})
-            yield event("response.output_text.done", {**where, "text": text})
-            yield event("response.content_part.done", {**where, "part": item["content"][0]})
-        elif item["type"] == "function_call":
+            out += self._event(
+                "response.content_part.added",
+                {**self._where(item_id, content_index=0), "part": part},
+            )
+        self._text += text
+        if text:
+            out += self._event(
+                "response.output_text.delta",
+                {**self._where(item_id, content_index=0), "delta": text},
+            )
+        return out
+
+    def tail(self, reply: Reply) -> bytes:
+        """The function calls and the end, for the reply as delivered."""
+        out = b""
+        if self._open is None and self._index < 0 and not reply.tool_calls:
+            out += self.text("")  # a reply has at least one item
+        out += self._close()
+        items = _items(reply)
+        for item in items:
+            if item["type"] != "function_call":
+                continue
+            self._index += 1
             added = {**item, "status": "in_progress", "arguments": ""}
-            yield event("response.output_item.added", {"output_index": index, "item": added})
-            where = {"item_id": item["id"], "output_index": index}
-            yield event(
+            out += self._event(
+                "response.output_item.added", {"output_index": self._index, "item": added}
+            )
+            where = self._where(item["id"])
+            out += self._event(
                 "response.function_call_arguments.delta", {**where, "delta": item["arguments"]}
             )
-            yield event(
+            out += self._event(
                 "response.function_call_arguments.done", {**where, "arguments": item["arguments"]}
             )
-        else:
-            yield event("response.output_item.added", {"output_index": index, "item": item})
-        yield event("response.output_item.done", {"output_index": index, "item": item})
-    final = _response(reply, "completed", items)
-    name = "response.completed" if final["status"] == "completed" else "response.incomplete"
-    yield event(name, {"response": final})
+            out += self._event(
+                "response.output_item.done", {"output_index": self._index, "item": item}
+            )
+        final = _response(reply, "completed", items)
+        name = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return out + self._event(name, {"response": final})
+
+
+def reply_events(reply: Reply) -> Iterator[bytes]:
+    """The SSE events of a streamed reply, ``response.created`` to ``response.completed``."""
+    stream = ReplyStream(reply.ref, reply.model, reply.input_tokens)
+    yield stream.head()
+    if reply.reasoning is not None:
+        yield stream.reasoning(reply.reasoning)
+    if reply.text or not reply.tool_calls:
+        yield stream.text(reply.text)
+    yield stream.tail(reply)

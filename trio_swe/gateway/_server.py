@@ -36,8 +36,9 @@ from ..agents._policy import Policy, PolicyError, PolicyOutput
 from ..models import ChatModel
 from ..trajectory import TurnRecord
 from . import _anthropic, _chat, _responses
-from ._common import ApiError, Conversation, Reply
+from ._common import ApiError, Conversation, Reply, new_ref
 from ._session import Session, SessionStatistics
+from ._stream import Delta, OutputStream
 
 __all__ = ["Gateway", "GatewaySession", "GatewayStatistics", "open_gateway"]
 
@@ -138,8 +139,12 @@ class Gateway:
         max_body_bytes: int,
         max_sessions: int,
         tokenizer_threads: int = 2,
+        stream_policy: bool = True,
     ) -> None:
         self.policy = policy
+        #: Stream the policy's output into SSE replies as it is generated (a policy with
+        #: ``generate_stream``); otherwise each reply is sent once the output is complete.
+        self.stream_policy = stream_policy
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
         self.template_kwargs = dict(template_kwargs or {})
@@ -320,6 +325,8 @@ class _Exchange:
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
         }
         self.started = False
+        #: Ends a started stream with an error event (set once a stream started).
+        self.stream_error: Callable[[str, str], bytes] | None = None
 
     # -- responses --------------------------------------------------------------------------
 
@@ -349,7 +356,12 @@ class _Exchange:
         log = logger.warning if exc.status >= 500 else logger.info
         log("gateway %s %s -> %d %s: %s", self.method, self.path, exc.status, exc.kind, exc.message)
         if self.started:
-            return  # mid-stream: nothing to do but end it (hypercorn closes the connection)
+            if self.stream_error is not None:  # mid-stream: the API's error event ends it
+                try:
+                    await self.body(self.stream_error(exc.kind, exc.message))
+                except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                    pass
+            return
         if self.api == "anthropic":
             body = _anthropic.error_body(exc.kind, exc.message)
         else:
@@ -457,8 +469,22 @@ class _Exchange:
                 "chat": _chat.context_error_message,
             }[api](n, limit)
             raise ApiError(400, "context_length", message)
+        ref = new_ref()
+        stream: tuple[OutputStream, Any] | None = None
+        on_tokens: Callable[[list[int]], Awaitable[None]] | None = None
+        if conv.stream and self.gw.stream_policy and hasattr(self.gw.policy, "generate_stream"):
+            splitter = OutputStream(pending.history.model)
+            stream = (splitter, self.encoder(api, conv, ref, len(pending.prompt_ids)))
+
+            async def on_tokens(ids: list[int]) -> None:
+                deltas = splitter.feed(ids)
+                if deltas:
+                    await self.stream_out(stream[1], deltas)
+
         try:
-            output = await self.call_policy(handle, pending.prompt_ids, pending.sampling_params)
+            output = await self.call_policy(
+                handle, pending.prompt_ids, pending.sampling_params, on_tokens
+            )
         except ApiError:
             session.abandon(pending)
             raise
@@ -473,21 +499,71 @@ class _Exchange:
                 "the policy aborted the generation; retry",
             )
         draft = await self.gw.off_thread(
-            partial(session.draft, pending, output, model_name=self.gw.model_name)
+            partial(session.draft, pending, output, model_name=self.gw.model_name, ref=ref)
         )
+        rest: list[Delta] = []
+        if stream is not None:
+            # The client keeps what it was streamed: that is its copy of the reply.
+            rest, draft.reply = stream[0].finish(draft.reply)
+            draft.message.content = draft.reply.text
+            draft.message.reasoning = draft.reply.reasoning
         # Recorded before it is sent: the client may send its next request the moment it has
         # the reply, and that request must find this turn. (A client that drops the reply and
         # asks again branches off the previous turn, as any rewrite does.)
         session.commit(draft)
         try:
-            await self.send_reply(api, conv, draft.reply)
+            if stream is not None:
+                await self.stream_out(stream[1], rest, tail=draft.reply)
+            else:
+                await self.send_reply(api, conv, draft.reply)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             raise _ClientGone from None
 
+    def encoder(self, api: str, conv: Conversation, ref: str, input_tokens: int) -> Any:
+        """The API's :class:`ReplyStream` for a streamed reply."""
+        model = self.gw.model_name or conv.model
+        if api == "anthropic":
+            return _anthropic.ReplyStream(ref, model, input_tokens)
+        if api == "responses":
+            return _responses.ReplyStream(ref, model, input_tokens)
+        return _chat.ReplyStream(ref, model, input_tokens, include_usage=conv.include_usage)
+
+    async def stream_out(
+        self, encoder: Any, deltas: Sequence[Delta], *, tail: Reply | None = None
+    ) -> None:
+        """Send ``deltas`` (and with ``tail``, the rest of the reply and its end), opening the
+        SSE response first if needed."""
+        data = b""
+        if not self.started:
+            await self.start(200, "text/event-stream; charset=utf-8")
+            self.stream_error = {
+                "anthropic": _anthropic.stream_error,
+                "responses": _responses.stream_error,
+                "chat": _chat.stream_error,
+            }[self.api]
+            data = encoder.head()
+        for delta in deltas:
+            if delta.channel == "reasoning":
+                data += encoder.reasoning(delta.text)
+            else:
+                data += encoder.text(delta.text)
+        if tail is None:
+            await self.body(data, more=True)
+        else:
+            await self.body(data + encoder.tail(tail))
+
     async def call_policy(
-        self, handle: GatewaySession, ids: Any, params: Mapping[str, Any]
+        self,
+        handle: GatewaySession,
+        ids: Any,
+        params: Mapping[str, Any],
+        on_tokens: Callable[[list[int]], Awaitable[None]] | None = None,
     ) -> PolicyOutput | None:
-        """The policy's output, or None when the client went away (the call is cancelled)."""
+        """The policy's output, or None when the client went away (the call is cancelled).
+
+        With ``on_tokens`` the output is streamed (``generate_stream``) and handed to it as it
+        comes; a client gone while it is being sent ends the call as a disconnect does.
+        """
         result: list[PolicyOutput] = []
         gone = False
         failure: list[BaseException] = []
@@ -509,11 +585,19 @@ class _Exchange:
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(watch, nursery.cancel_scope)
                     try:
-                        result.append(
-                            await self.gw.policy.generate(ids, params, session_id=handle.session_id)
-                        )
+                        if on_tokens is None:
+                            out = await self.gw.policy.generate(
+                                ids, params, session_id=handle.session_id
+                            )
+                        else:
+                            out = await self.gw.policy.generate_stream(  # type: ignore[attr-defined]
+                                ids, params, session_id=handle.session_id, on_tokens=on_tokens
+                            )
+                        result.append(out)
                     except PolicyError as exc:
                         failure.append(exc)
+                    except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                        gone = True  # the client went away while its stream was sent
                     nursery.cancel_scope.cancel()
             finally:
                 handle._inflight.discard(scope)
@@ -584,6 +668,7 @@ async def open_gateway(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_sessions: int = 4096,
     tokenizer_threads: int = 2,
+    stream_policy: bool = True,
 ) -> AsyncIterator[Gateway]:
     """Serve the recording gateway for the block's duration.
 
@@ -601,6 +686,9 @@ async def open_gateway(
         max_sessions: cap of sessions open at once.
         tokenizer_threads: worker threads that render and tokenize requests (0: on the trio
             thread, which then stalls every other session while it tokenizes).
+        stream_policy: stream the policy's output into SSE replies as it is generated, when
+            the policy can (``generate_stream``, as :class:`~trio_swe.agents.SGLangPolicy`):
+            text and reasoning deltas as they come, tool calls once they parsed.
     """
     try:
         from hypercorn.config import Config
@@ -617,6 +705,7 @@ async def open_gateway(
         max_body_bytes=max_body_bytes,
         max_sessions=max_sessions,
         tokenizer_threads=tokenizer_threads,
+        stream_policy=stream_policy,
     )
     config = Config()
     config.accesslog = None

@@ -370,7 +370,9 @@ class Session:
 
     # -- recording ------------------------------------------------------------------------
 
-    def draft(self, pending: Pending, output: PolicyOutput, *, model_name: str = "") -> Draft:
+    def draft(
+        self, pending: Pending, output: PolicyOutput, *, model_name: str = "", ref: str = ""
+    ) -> Draft:
         """Parse the policy's output for ``pending`` and build the reply; nothing is recorded
         until :meth:`commit` (call it once the reply reached the client).
 
@@ -382,7 +384,7 @@ class Session:
         assert conv is not None
         prompt_ids = history.ids.tolist()
         ill_formed = False
-        ref = new_ref()
+        ref = ref or new_ref()  # given when the reply's ids went out before the output ended
         prefix = "toolu_" if conv.api == "anthropic" else "call_"
         text: str = ""
         reasoning: str | None = None

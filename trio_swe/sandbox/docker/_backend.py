@@ -12,7 +12,7 @@ import socket
 import tarfile
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
@@ -155,6 +155,10 @@ class DockerBackend:
         pull_timeout_sec: bound on one image pull.
         request_timeout: bound on one API call (execs are bounded by their own ``timeout``).
         state_dir: where ``path@commit`` checkouts are cached (as on the local backend).
+        host_paths: host directories shown read-only at the same path in every container (bind
+            mounts of the daemon's host, so a local daemon): e.g. the CLI agents' install cache
+            and the gateway's socket directory, which CLI agents need
+            (:func:`trio_swe.agents.cli_agent_host_paths`).
 
     Raises:
         BackendUnavailableError: at the first boot, when the daemon cannot be reached.
@@ -179,12 +183,17 @@ class DockerBackend:
         pull_timeout_sec: float = 3600.0,
         request_timeout: float = 60.0,
         state_dir: str | os.PathLike[str] | None = None,
+        host_paths: Sequence[str | os.PathLike[str]] = (),
     ) -> None:
         if pull not in ("missing", "never"):
             raise SandboxError(f"pull must be 'missing' or 'never', got {pull!r}")
         self.endpoint = endpoint_from(host if host is not None else os.environ.get("DOCKER_HOST"))
         self.base_image = base_image or os.environ.get("SWE_DOCKER_BASE_IMAGE") or None
         self.network_mode = network_mode
+        self.host_paths = [check_abs_path(os.fspath(p), what="host_paths") for p in host_paths]
+        for p in self.host_paths:
+            if ":" in p:
+                raise SandboxError(f"host_paths: a bind-mounted path cannot contain ':': {p!r}")
         self.limits = limits
         self._env = {**_BASE_ENV, **check_env(env)}
         self._init = init
@@ -377,6 +386,7 @@ class DockerBackend:
             limits=spec.limits or self.limits,
             ulimits=ulimits,
             init=self._init if self._init is not None else not self._podman,
+            binds=self.host_paths,
         )
         try:
             with trio.fail_after(self._boot_timeout):

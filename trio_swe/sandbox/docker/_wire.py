@@ -209,6 +209,7 @@ def container_body(
     limits: ResourceLimits | None,
     ulimits: Iterable[tuple[str, int, int]] = (),
     init: bool = True,
+    binds: Iterable[str] = (),
 ) -> dict[str, Any]:
     """The ``POST /containers/create`` body of one sandbox.
 
@@ -216,6 +217,9 @@ def container_body(
     every command arrives through the exec API.
     """
     host: dict[str, Any] = {"NetworkMode": network_mode, "Init": init}
+    if binds:
+        # Host paths shown read-only at the same place (the daemon's host: a local daemon).
+        host["Binds"] = [f"{p}:{p}:ro" for p in binds]
     if limits is not None:
         if limits.memory_bytes is not None:
             host["Memory"] = limits.memory_bytes
