@@ -69,7 +69,11 @@ TOOL = {
 }
 OUTPUT = "x = 1\n" * 100  # each tool result (~300 tokens)
 #: (label, tokenizer_threads, stream_policy)
-MODES = [("before: inline, not streamed", 0, False), ("after: threads, streamed", 2, True)]
+MODES = [
+    ("before: inline, whole", 0, False),
+    ("threads, whole", 2, False),
+    ("after: threads, streamed", 2, True),
+]
 
 _SERVER = """
 import sys, trio
@@ -245,6 +249,16 @@ async def _one_mode(
                 )
                 sess.finish()
 
+            gc_pauses: list[float] = []
+            gc_started = [0.0]
+
+            def on_gc(phase: str, info: dict[str, Any]) -> None:
+                if phase == "start":
+                    gc_started[0] = time.thread_time()
+                elif info.get("generation") == 2:
+                    gc_pauses.append(time.thread_time() - gc_started[0])
+
+            gc.callbacks.append(on_gc)
             t0 = time.perf_counter()
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(probe)
@@ -252,6 +266,8 @@ async def _one_mode(
                     for k in range(CONCURRENT):
                         sessions.start_soon(one, k)
                 done.set()
+            gc.callbacks.remove(on_gc)
+            result["gc"] = max(gc_pauses, default=0.0)
             result["many"] = many
             result["many_wall"] = time.perf_counter() - t0
             result["stall"] = max(late) if late else 0.0
@@ -294,15 +310,15 @@ async def _run() -> None:
         print(f"{ROUNDS} rounds per mode; {TURNS} turns per episode, prompts up to "
               f"{any_run['prompt']} tokens; generation {GEN_SEC * 1e3:.0f} ms; "
               f"{CONCURRENT} concurrent sessions")  # fmt: skip
-        head = f"{'median ms (one session)':31}" + "".join(f"{m[0]:>30}" for m in MODES)
+        head = f"{'median ms (one session)':34}" + "".join(f"{m[0]:>26}" for m in MODES)
         print(head)
 
         def row(name: str, fn: Any) -> None:
             cells = []
             for label, _, _ in MODES:
                 per_round = [fn(r) for r in runs[label]]
-                cells.append(f"{med(per_round) * 1e3:30.2f}")
-            print(f"{name:31}" + "".join(cells))
+                cells.append(f"{med(per_round) * 1e3:26.2f}")
+            print(f"{name:34}" + "".join(cells))
 
         row("direct policy call (baseline)", lambda r: med(r["direct"]))
         row("turn through the gateway", lambda r: med(r["turn"]))
@@ -315,6 +331,7 @@ async def _run() -> None:
         row("  turn, p95", lambda r: _p(r["many"], 0.95))
         row("  loop blocked, longest (CPU)", lambda r: r["stall"])
         row("  loop blocked, p99 (CPU)", lambda r: r["stall_p99"])
+        row("  longest full GC (CPU, any thread)", lambda r: r["gc"])
         row("  wall time of all sessions", lambda r: r["many_wall"])
         await _memory(url, tok)
 

@@ -312,7 +312,7 @@ def test_generate_with_claude_code(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 async def _provide_libraries(sb: Any, exe: Path) -> None:
     """The test image carries only the libraries of a few tools; give it those the agent's
     executable loads that it lacks (Claude Code's Bun needs librt; SWE-bench images have it)."""
-    out = await trio.run_process(["ldd", str(exe)], capture_stdout=True)
+    out = await trio.run_process(["ldd", str(exe)], capture_stdout=True, check=False)
     for lib in re.findall(r"=> (/\S+)", out.stdout.decode()):
         if not (await sb.exec(f"test -e {lib}", user="root")).ok:
             data = await trio.Path(lib).read_bytes()
@@ -353,6 +353,39 @@ async def test_cli_on_the_docker_backend(agent: str, tmp_path: Path, docker_env:
     assert cli.last_gateway.statistics().by_status.get(404, 0) == 0
     session = cli.last_session
     outputs = [t for t in SCRIPTS[agent] if t != "(primer)"]
+    assert session.statistics().turns == len(outputs)
+    turns = session.turns()
+    builder = SampleBuilder()
+    for t in turns:
+        builder.add(t)
+    (sample,) = builder.finish(reward=1.0)
+    assert_token_exact(sample, turns, outputs, session.conversations()[0], session.tools()[0])
+
+
+async def test_cli_on_the_e2b_backend_against_the_envd_test_server(tmp_path: Path) -> None:
+    """Claude Code on E2BBackend (envd's API) against trio_swe.testing's envd server, whose
+    sandboxes are local processes: they see the agents' cache and the gateway's socket
+    directory, so the harness runs as on the local backend (the forwarder relays to the
+    socket). A real E2B sandbox sees neither: see docs/gateway.md."""
+    from ..e2b.helpers import e2b_backend_for, open_server_in_thread
+
+    agent = "claude-code"
+    await ensure_installed(agent)
+    image = str(_repo(tmp_path))
+    async with (
+        scripted_policy(_script(agent)) as (_, policy),
+        open_server_in_thread(templates={image: image}) as threaded,
+        e2b_backend_for(threaded.server) as backend,
+        open_sandbox(backend, image, network=False) as sb,
+    ):
+        cli = CliAgent(agent, policy=policy, tokenizer=qwen3_tokenizer())
+        await sb.exec("chown -R agent: /testbed", user="root")
+        outcome = await cli.run(sb, _task())
+        content = (await sb.exec(f"cat {FILE}")).output
+    assert outcome.exit_code == 0, outcome.output[-3000:]
+    assert content == "hello trio\n"
+    session = cli.last_session
+    outputs = SCRIPTS[agent]
     assert session.statistics().turns == len(outputs)
     turns = session.turns()
     builder = SampleBuilder()
