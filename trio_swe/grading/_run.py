@@ -23,6 +23,7 @@ from ._patch import (
     parse_head,
     parse_refusal,
     parse_verdict,
+    patch_bytes,
     refused_paths,
     touched_paths,
     wrong_head,
@@ -161,15 +162,36 @@ async def timed(evaluate: Callable[[Phases], Awaitable[EvalResult]]) -> EvalResu
     return msgspec.structs.replace(result, durations=phases.total())
 
 
+async def evaluate_patch(
+    evaluate: Callable[[bytes, Phases], Awaitable[EvalResult]],
+    patch: str | bytes,
+    graded_tests: Sequence[str],
+) -> EvalResult:
+    """The frame of every protocol's ``run_evaluation``: ``evaluate(patch, phases)`` timed
+    (:func:`timed`), and a failure whose tests did not run checked against the empty patch
+    (:func:`confirm_environment`)."""
+    data = patch_bytes(patch)
+
+    async def grade(p: bytes) -> EvalResult:
+        return await timed(lambda phases: evaluate(p, phases))
+
+    return await confirm_environment(await grade(data), data, graded_tests, lambda: grade(b""))
+
+
 @asynccontextmanager
-async def open_eval_sandbox(backend: Backend, md: InstanceMetadata) -> AsyncIterator[Sandbox]:
-    """A fresh sandbox from the instance image, killed on every way out."""
+async def open_eval_sandbox(
+    backend: Backend, md: InstanceMetadata, phases: Phases
+) -> AsyncIterator[Sandbox]:
+    """A fresh sandbox from the instance image, killed on every way out; its boot time is
+    ``phases.durations["boot"]``."""
+    t_boot = time.monotonic()
     async with open_sandbox(
         backend,
         image_for(backend, md),
         workdir=md.workdir,
         metadata={"instance_id": md.instance_id[:128], "role": "eval"},
     ) as sb:
+        phases.durations["boot"] = time.monotonic() - t_boot
         yield sb
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -22,7 +21,6 @@ from . import _result as R
 from . import _swebench_api
 from ._harness import current_artifacts
 from ._metadata import scaleswe_metadata
-from ._patch import patch_bytes
 from ._result import EvalResult
 from ._run import (
     APPLY_TIMEOUT_SEC,
@@ -31,13 +29,12 @@ from ._run import (
     SETUP_BUDGET_SEC,
     Phases,
     apply_patch,
-    confirm_environment,
+    evaluate_patch,
     make_result,
     not_applied_result,
     open_eval_sandbox,
     read_text,
     run_long,
-    timed,
     timeout_result,
 )
 from ._testlog import parse_pytest_summary, selectable, split_counts
@@ -94,15 +91,12 @@ class ScaleSweProtocol:
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
     ) -> EvalResult:
-        data = patch_bytes(patch)
-
-        async def grade(p: bytes) -> EvalResult:
-            return await timed(lambda phases: self._evaluate(backend, md, p, timeout_sec, phases))
-
-        result = await grade(data)
         g = md.grading
-        graded = _graded_tests(g) if isinstance(g, ScaleSweGrading) else ()
-        return await confirm_environment(result, data, graded, lambda: grade(b""))
+        return await evaluate_patch(
+            lambda p, phases: self._evaluate(backend, md, p, timeout_sec, phases),
+            patch,
+            _graded_tests(g) if isinstance(g, ScaleSweGrading) else (),
+        )
 
     async def _evaluate(
         self,
@@ -129,9 +123,7 @@ class ScaleSweProtocol:
             return make_result(
                 md, phases, reason=R.UNEVALUABLE, grader=grader, infra=True, detail=str(exc)
             )
-        t_boot = time.monotonic()
-        async with open_eval_sandbox(backend, md) as sb:
-            phases.durations["boot"] = time.monotonic() - t_boot
+        async with open_eval_sandbox(backend, md, phases) as sb:
             with phases.phase("setup"):
                 failed = await _setup(sb, md, g, assets)
             if failed is not None:

@@ -13,19 +13,18 @@ from . import _result as R
 from . import _swebench_api
 from ._harness import current_artifacts
 from ._metadata import swebench_metadata
-from ._patch import patch_bytes, patch_text
+from ._patch import patch_text
 from ._result import EvalResult
 from ._run import (
     EVAL_DIR,
     PLAIN_ENV,
     Phases,
     apply_patch,
-    confirm_environment,
+    evaluate_patch,
     make_result,
     not_applied_result,
     open_eval_sandbox,
     run_logged,
-    timed,
     timeout_result,
 )
 from ._types import InstanceMetadata, SweBenchGrading
@@ -66,15 +65,12 @@ class SweBenchProtocol:
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
     ) -> EvalResult:
-        data = patch_bytes(patch)
-
-        async def grade(p: bytes) -> EvalResult:
-            return await timed(lambda phases: self._evaluate(backend, md, p, timeout_sec, phases))
-
-        result = await grade(data)
         g = md.grading
-        graded = (*g.fail_to_pass, *g.pass_to_pass) if isinstance(g, SweBenchGrading) else ()
-        return await confirm_environment(result, data, graded, lambda: grade(b""))
+        return await evaluate_patch(
+            lambda p, phases: self._evaluate(backend, md, p, timeout_sec, phases),
+            patch,
+            (*g.fail_to_pass, *g.pass_to_pass) if isinstance(g, SweBenchGrading) else (),
+        )
 
     def _check_and_spec(self, md: InstanceMetadata) -> tuple[str | None, Any]:
         """:meth:`evaluability_check` and the ``TestSpec`` it built, in one go."""
@@ -103,12 +99,10 @@ class SweBenchProtocol:
         g = md.grading
         base = g.base_commit.strip().lower() if isinstance(g, SweBenchGrading) else ""
         graded = _Graded()
-        t_boot = time.monotonic()
         # The log is graded in a thread while the sandbox is being killed (the kill is the
         # sandbox context's exit): the nursery waits for both.
         async with trio.open_nursery() as nursery:
-            async with open_eval_sandbox(backend, md) as sb:
-                phases.durations["boot"] = time.monotonic() - t_boot
+            async with open_eval_sandbox(backend, md, phases) as sb:
                 with phases.phase("apply"):
                     # The checkout must be the row's base_commit: the eval script resets only
                     # the test files to it, so on another commit a gold patch may not apply
