@@ -45,7 +45,7 @@ variable                       meaning                                          
 ``SWE_COMMAND_TIMEOUT_SEC``    limit of one bash-agent command                          300
 ``SWE_OBSERVATION_MAX_CHARS``  tail of a command's output shown to the policy           4000
 ``NPM_INSTALL_RETRIES``        attempts of ``npm install`` of a CLI agent               3
-``NPM_INSTALL_BACKOFF_SEC``    backoff unit between npm attempts (x attempt number)     2.0
+``NPM_INSTALL_BACKOFF_SEC``    base of the full-jitter exponential npm backoff          2.0
 ``SWE_NPM_PACKAGE``            host path of the ``npm-cli`` agent's package tarball     (none)
 ``SWE_NPM_START_CMD``          its start command (``{prompt}``, ``{workdir}``, ...)     (none)
 ``SWE_NPM_CHECK_CMD``          the command that proves the install worked               true
@@ -242,12 +242,16 @@ class BashAgentOptions(_Options, frozen=True, kw_only=True):
                 )
 
 
+#: Cap of one wait between npm install attempts (the backoff's base is ``NPM_INSTALL_BACKOFF_SEC``).
+NPM_BACKOFF_MAX_SEC = 60.0
+
+
 class NpmOptions(_Options, frozen=True, kw_only=True):
     """CLI agents shipped as npm packages (the ``npm-cli`` agent and :func:`install_npm_cli`).
 
     Attributes:
         install_retries: attempts of ``npm install``.
-        install_backoff_sec: backoff unit between attempts (times the attempt number).
+        install_backoff_sec: base of the full-jitter exponential backoff between attempts.
         package: host path of the package tarball (``npm pack``); ``npm-cli`` needs it.
         start_cmd: the CLI's start command template; ``npm-cli`` needs it.
         check_cmd: a command that proves the install worked.

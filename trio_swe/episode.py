@@ -12,7 +12,6 @@ episode instead of training on a fake zero reward.
 from __future__ import annotations
 
 import logging
-import random
 import shlex
 import time
 import uuid
@@ -35,6 +34,7 @@ from ._errors import (
     TrioSweError,
 )
 from ._groups import open_private_nursery
+from ._retry import Backoff, retry
 from .agents import Agent, AgentOutcome, AgentTask
 from .config import SweConfig
 from .grading import (
@@ -206,32 +206,37 @@ class _BootingBackend:
         """The wrapped backend belongs to the caller: nothing to close here."""
 
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
-        cfg = self._config
-        last: SandboxError | None = None
-        for attempt in range(cfg.boot.retries + 1):
-            if attempt:
-                self.retries += 1
-                cap = min(cfg.boot.backoff_max_sec, cfg.boot.backoff_sec * 2 ** (attempt - 1))
-                await trio.sleep(random.uniform(0, cap))  # full jitter
+        boot = self._config.boot
+        backoff = Backoff(
+            attempts=boot.retries + 1, base_sec=boot.backoff_sec, max_sec=boot.backoff_max_sec
+        )
+
+        async def attempt(n: int) -> Sandbox:
             self.attempts += 1
             async with self._limiter:
-                try:
-                    return await self._backend.create_sandbox(spec, nursery)
-                except (BackendUnavailableError, PermanentBootError):
-                    raise  # this machine or this spec cannot do it; retrying will not help
-                except SandboxError as exc:
-                    last = exc
-                    logger.warning(
-                        "boot attempt %d/%d of %s failed: %s",
-                        attempt + 1,
-                        cfg.boot.retries + 1,
-                        spec.image,
-                        exc,
-                    )
-        assert last is not None
-        raise SandboxBootError(
-            f"sandbox for {spec.image!r} did not boot after {cfg.boot.retries + 1} attempts: {last}"
-        ) from last
+                return await self._backend.create_sandbox(spec, nursery)
+
+        def count_retry(n: int, exc: Exception) -> None:
+            self.retries += 1
+            logger.warning(
+                "boot attempt %d/%d of %s failed: %s", n, backoff.attempts, spec.image, exc
+            )
+
+        try:
+            return await retry(
+                attempt,
+                backoff,
+                retry_on=(SandboxError,),
+                # This machine or this spec cannot do it; retrying will not help.
+                give_up_on=(BackendUnavailableError, PermanentBootError),
+                on_retry=count_retry,
+            )
+        except (BackendUnavailableError, PermanentBootError):
+            raise
+        except SandboxError as exc:
+            raise SandboxBootError(
+                f"sandbox for {spec.image!r} did not boot after {backoff.attempts} attempts: {exc}"
+            ) from exc
 
 
 async def _prepare_workspace(

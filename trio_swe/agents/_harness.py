@@ -17,7 +17,8 @@ from pathlib import Path
 import trio
 
 from .._errors import AgentInstallError, ConfigError, InvalidArgumentError
-from ..config import SweConfig
+from .._retry import Backoff, retry
+from ..config import NPM_BACKOFF_MAX_SEC, SweConfig
 from ..models import ChatModel
 from ..sandbox import ExecResult, Sandbox
 from ..sandbox._detached import exec_and_wait
@@ -56,7 +57,8 @@ async def install_npm_cli(
     The tarball is uploaded once; then ``npm install -g --prefix <prefix>`` followed by
     ``check_cmd`` runs as root through :func:`~trio_swe.exec_and_wait`, with a fresh tag per
     attempt (a retry never replays an earlier attempt's result), up to ``retries`` attempts with
-    ``backoff_sec * attempt`` seconds between them.
+    full-jitter exponential backoff between them (``uniform(0, backoff_sec * 2**n)``, capped at a
+    minute: the same policy as the boot retry, :mod:`trio_swe._retry`).
 
     Args:
         sandbox: where to install.
@@ -64,7 +66,7 @@ async def install_npm_cli(
         check_cmd: a shell command that proves the install worked (e.g. ``mycli --version``).
         prefix: npm's global prefix inside the sandbox (its ``bin`` gets the CLI).
         retries: attempts in all; ``NPM_INSTALL_RETRIES`` (default 3) when None.
-        backoff_sec: backoff unit; ``NPM_INSTALL_BACKOFF_SEC`` (default 2.0) when None.
+        backoff_sec: base of the backoff; ``NPM_INSTALL_BACKOFF_SEC`` (default 2.0) when None.
         time_budget_sec: budget of one attempt.
 
     Raises:
@@ -89,26 +91,26 @@ async def install_npm_cli(
         f"{shlex.quote(remote)} && ({check_cmd})"
     )
     env = {"npm_config_cache": "/tmp/.trio_swe-npm-cache", "PATH": f"{prefix}/bin:" + _SANE_PATH}
-    last: ExecResult | None = None
-    for attempt in range(1, retries + 1):
-        last = await exec_and_wait(
+
+    async def attempt(n: int) -> int:
+        r = await exec_and_wait(
             sandbox,
             cmd,
             time_budget_sec=time_budget_sec,
-            tag=f"npm-install-{attempt}-{uuid.uuid4().hex[:8]}",
+            tag=f"npm-install-{n}-{uuid.uuid4().hex[:8]}",
             user="root",
             env=env,
             want_output=True,
         )
-        if last.ok:
-            return attempt
-        if attempt < retries:
-            await trio.sleep(backoff_sec * attempt)
-    assert last is not None
-    raise AgentInstallError(
-        f"npm install of {host_path.name} failed after {retries} attempts "
-        f"(exit={last.exit_code}, {last.reason}):\n{last.output[-_LOG_TAIL:]}"
-    )
+        if not r.ok:
+            raise AgentInstallError(
+                f"npm install of {host_path.name} failed after {n} attempts "
+                f"(exit={r.exit_code}, {r.reason}):\n{r.output[-_LOG_TAIL:]}"
+            )
+        return n
+
+    backoff = Backoff(attempts=retries, base_sec=backoff_sec, max_sec=NPM_BACKOFF_MAX_SEC)
+    return await retry(attempt, backoff, retry_on=(AgentInstallError,))
 
 
 _SANE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -31,7 +31,8 @@ import msgspec
 import trio
 
 from .._errors import AgentInstallError, ConfigError
-from ..config import SweConfig
+from .._retry import full_jitter
+from ..config import NPM_BACKOFF_MAX_SEC, SweConfig
 
 __all__ = [
     "CLI_PACKAGES",
@@ -272,7 +273,10 @@ def ensure_installed_sync(
                 last = str(exc)
                 shutil.rmtree(staging, ignore_errors=True)
                 if attempt < retries:
-                    time.sleep(backoff_sec * attempt)
+                    # The policy of every non-transport retry (trio_swe._retry).
+                    time.sleep(
+                        full_jitter(attempt - 1, base_sec=backoff_sec, max_sec=NPM_BACKOFF_MAX_SEC)
+                    )
         raise AgentInstallError(
             f"installing {pkg.package}@{pkg.version} failed after {retries} attempts: {last}"
         )

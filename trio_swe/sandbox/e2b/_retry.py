@@ -25,6 +25,7 @@ import httpx
 import msgspec
 import trio
 
+from ..._retry import full_jitter
 from . import _connect
 
 T = TypeVar("T")
@@ -202,8 +203,7 @@ class RetryPolicy(msgspec.Struct, frozen=True, kw_only=True):
         """Seconds to sleep before retry number ``retry_index`` (0 for the first retry)."""
         if failure.retry_after is not None:
             return min(failure.retry_after, self.max_retry_after)
-        ceiling = min(self.max_delay, self.base_delay * (2.0 ** min(retry_index, 30)))
-        return rng.uniform(0.0, ceiling)
+        return full_jitter(retry_index, base_sec=self.base_delay, max_sec=self.max_delay, rng=rng)
 
 
 class RetryStats:
