@@ -45,6 +45,17 @@ _OVERLAY_THEN_EXEC = (
 )
 
 
+def _overlay_argv(
+    lower: str | Path, upper: str | Path, work: str | Path, merged: str | Path, argv: Sequence[str]
+) -> list[str]:
+    """``argv`` run in a private mount namespace (``unshare``) once overlayfs is mounted at
+    ``merged`` (``lower``: one directory, or several joined by ``:``, top first). The probe
+    and both boots (a directory tree, an OCI image) start their overlay this one way."""
+    unshare = ["unshare", "--mount", "--propagation", "private", "--"]
+    paths = [str(p) for p in (lower, upper, work, merged)]
+    return [*unshare, "sh", "-c", _OVERLAY_THEN_EXEC, "overlay", *paths, *argv]
+
+
 # Host directories every sandbox gets a private, writable copy of (empty at boot): the host's
 # /tmp and root's home are neither shown nor written. Host paths under them that commands need
 # (the running interpreter, ``extra_path``, ``host_paths``) are bound back read-only.
@@ -249,19 +260,9 @@ class LocalBackend(trio.abc.AsyncResource):
             for sub in ("lower", "upper", "work", "merged"):
                 (probe / sub).mkdir()
             result = await trio.run_process(
-                [
-                    "unshare",
-                    "--mount",
-                    "--propagation",
-                    "private",
-                    "--",
-                    "sh",
-                    "-c",
-                    _OVERLAY_THEN_EXEC,
-                    "probe",
-                    *(str(probe / s) for s in ("lower", "upper", "work", "merged")),
-                    "true",
-                ],
+                _overlay_argv(
+                    probe / "lower", probe / "upper", probe / "work", probe / "merged", ["true"]
+                ),
                 capture_stdout=True,
                 capture_stderr=True,
                 check=False,
@@ -465,22 +466,9 @@ class LocalBackend(trio.abc.AsyncResource):
             **dict(spec.env),
         }
         if use_overlay:
-            argv = [
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-                "sh",
-                "-c",
-                _OVERLAY_THEN_EXEC,
-                "boot",
-                str(state / "lower"),
-                str(state / "upper"),
-                str(state / "work"),
-                str(state / "merged"),
-                *bwrap,
-            ]
+            argv = _overlay_argv(
+                state / "lower", state / "upper", state / "work", state / "merged", bwrap
+            )
         else:
             argv = bwrap
         return argv, {"root": ROOT, agent.name: agent}, base_env
@@ -541,9 +529,7 @@ class LocalBackend(trio.abc.AsyncResource):
             **self._env,
             **dict(spec.env),
         }
-        argv = ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c"]
-        argv += [_OVERLAY_THEN_EXEC, "boot", ":".join(names)]
-        argv += [str(state / "upper"), str(state / "work"), merged, *bwrap]
+        argv = _overlay_argv(":".join(names), state / "upper", state / "work", merged, bwrap)
         return argv, {"root": ROOT, agent.name: agent}, base_env
 
 
