@@ -28,7 +28,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -589,26 +589,18 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from .agents._tokenizer import ByteTokenizer, Tokenizer
     from .demo import build_demo_set, open_scripted_policy_server
     from .models import ChatModel
-    from .sandbox.local import LocalBackend
 
     if args.agent != "bash":
         return await _cmd_demo_cli(args, console)
     started = time.monotonic()
-    workdir = Path(tempfile.mkdtemp(prefix="trio_swe-demo-"))
-    try:
+    with _demo_workdir(args, console) as workdir:
         demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
-        config = SweConfig(
-            episode=EpisodeBudgets(
-                agent_time_budget_sec=args.agent_budget or 5.0,
-                eval_timeout_sec=60.0,
-                setup_timeout_sec=60.0,
-                guard_headroom_sec=60.0,
-                max_context_tokens=args.max_context_tokens,
-            ),
-            boot=BootPolicy(concurrency=max(args.concurrency, 1)),
+        config = _demo_config(
+            args,
+            agent_budget_sec=5.0,
+            max_context_tokens=args.max_context_tokens,
             bash=BashAgentOptions(max_turns=10, command_timeout_sec=30.0),
         )
-        config.validate_protocols()
         mds = [get_metadata(row, "scaleswe") for row in demo.rows]
         tokenizer: Tokenizer | ChatModel = ByteTokenizer()
         dialect = "byte tokens, ```bash blocks"
@@ -629,38 +621,18 @@ async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
             f"loopback; bash agent ({dialect}); local backend without network; "
             f"concurrency {args.concurrency}"
         )
-        writer = ResultsWriter(args.out) if args.out else None
-        try:
-            async with (
-                open_scripted_policy_server(demo.scripts, tokenizer=tokenizer) as server,
-                SGLangPolicy(server.url) as policy,
-            ):
-                agent = BashAgent(
-                    policy,
-                    tokenizer,
-                    max_turns=config.bash.max_turns,
-                    command_timeout_sec=config.bash.command_timeout_sec,
-                )
-                results = await _run_with_progress(
-                    console,
-                    mds,
-                    agent,
-                    backend=LocalBackend(),
-                    config=config,
-                    concurrency=args.concurrency,
-                    writer=writer,
-                    network=False,
-                    show_progress=not args.no_progress,
-                )
-        finally:
-            if writer is not None:
-                writer.close()
+        async with (
+            open_scripted_policy_server(demo.scripts, tokenizer=tokenizer) as server,
+            SGLangPolicy(server.url) as policy,
+        ):
+            agent = BashAgent(
+                policy,
+                tokenizer,
+                max_turns=config.bash.max_turns,
+                command_timeout_sec=config.bash.command_timeout_sec,
+            )
+            results = await _run_demo(console, args, mds, agent, config)
         return _demo_verdict(console, args, results, demo.expected_rewards, started)
-    finally:
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-        else:
-            console.print(f"kept {workdir}")
 
 
 async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
@@ -671,7 +643,6 @@ async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
     from .demo import build_demo_set, open_scripted_policy_server
     from .demo._cli_scripts import RawTextTokenizer, cli_scripts
     from .models import ChatModel, load_tokenizer
-    from .sandbox.local import LocalBackend
 
     if args.agent not in CLI_AGENTS:
         console.print(
@@ -689,60 +660,99 @@ async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
     exe = await ensure_installed(args.agent)
     tokenizer = await trio.to_thread.run_sync(load_tokenizer, args.tokenizer)
     model = await trio.to_thread.run_sync(partial(ChatModel, tokenizer, name=args.tokenizer))
-    workdir = Path(tempfile.mkdtemp(prefix="trio_swe-demo-"))
-    try:
+    with _demo_workdir(args, console) as workdir:
         demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
-        config = SweConfig(
-            episode=EpisodeBudgets(
-                agent_time_budget_sec=args.agent_budget or 90.0,
-                eval_timeout_sec=60.0,
-                setup_timeout_sec=60.0,
-                guard_headroom_sec=60.0,
-                max_context_tokens=max(args.max_context_tokens, 65536),
-            ),
-            boot=BootPolicy(concurrency=max(args.concurrency, 1)),
+        config = _demo_config(
+            args, agent_budget_sec=90.0, max_context_tokens=max(args.max_context_tokens, 65536)
         )
-        config.validate_protocols()
         mds = [get_metadata(row, "scaleswe") for row in demo.rows]
         console.print(
             f"demo: {len(mds)} instances; {args.agent} ({exe}) through the recording gateway; "
             f"scripted policy on {args.tokenizer}; local backend, sandboxes reach only the "
             f"gateway; concurrency {args.concurrency}"
         )
-        writer = ResultsWriter(args.out) if args.out else None
-        try:
-            async with (
-                open_scripted_policy_server(
-                    cli_scripts(args.agent, model=model),
-                    tokenizer=RawTextTokenizer(tokenizer),
-                    turn_marker=model.generation_prompt or None,
-                    key_pattern=r"Instance: ([\w.\-]+)",
-                ) as server,
-                SGLangPolicy(server.url) as policy,
-            ):
-                agent = CliAgent(
-                    args.agent, policy=policy, tokenizer=tokenizer, tool_parser=args.tool_parser
-                )
-                results = await _run_with_progress(
-                    console,
-                    mds,
-                    agent,
-                    backend=LocalBackend(),
-                    config=config,
-                    concurrency=args.concurrency,
-                    writer=writer,
-                    network=False,
-                    show_progress=not args.no_progress,
-                )
-        finally:
-            if writer is not None:
-                writer.close()
+        async with (
+            open_scripted_policy_server(
+                cli_scripts(args.agent, model=model),
+                tokenizer=RawTextTokenizer(tokenizer),
+                turn_marker=model.generation_prompt or None,
+                key_pattern=r"Instance: ([\w.\-]+)",
+            ) as server,
+            SGLangPolicy(server.url) as policy,
+        ):
+            agent = CliAgent(
+                args.agent, policy=policy, tokenizer=tokenizer, tool_parser=args.tool_parser
+            )
+            results = await _run_demo(console, args, mds, agent, config)
         return _demo_verdict(console, args, results, demo.expected_rewards, started, gateway=True)
+
+
+# The two demos (the built-in agent; a CLI agent through the gateway) differ in their agent and
+# its policy server only: the workdir, the config and the run are these.
+
+
+@contextlib.contextmanager
+def _demo_workdir(args: argparse.Namespace, console: Console) -> Iterator[Path]:
+    """A fresh folder for the demo's repositories, removed afterwards unless ``--keep``."""
+    workdir = Path(tempfile.mkdtemp(prefix="trio_swe-demo-"))
+    try:
+        yield workdir
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         else:
             console.print(f"kept {workdir}")
+
+
+def _demo_config(
+    args: argparse.Namespace,
+    *,
+    agent_budget_sec: float,
+    max_context_tokens: int,
+    bash: BashAgentOptions | None = None,
+) -> SweConfig:
+    """The demo's budgets (``--agent-budget`` overrides the agent's), checked."""
+    config = SweConfig(
+        episode=EpisodeBudgets(
+            agent_time_budget_sec=args.agent_budget or agent_budget_sec,
+            eval_timeout_sec=60.0,
+            setup_timeout_sec=60.0,
+            guard_headroom_sec=60.0,
+            max_context_tokens=max_context_tokens,
+        ),
+        boot=BootPolicy(concurrency=max(args.concurrency, 1)),
+        bash=bash if bash is not None else BashAgentOptions(),
+    )
+    config.validate_protocols()
+    return config
+
+
+async def _run_demo(
+    console: Console,
+    args: argparse.Namespace,
+    mds: list[InstanceMetadata],
+    agent: Agent,
+    config: SweConfig,
+) -> list[EpisodeResult]:
+    """The demo's episodes on the local backend without network (results to ``--out``)."""
+    from .sandbox.local import LocalBackend
+
+    writer = ResultsWriter(args.out) if args.out else None
+    try:
+        return await _run_with_progress(
+            console,
+            mds,
+            agent,
+            backend=LocalBackend(),
+            config=config,
+            concurrency=args.concurrency,
+            writer=writer,
+            network=False,
+            show_progress=not args.no_progress,
+        )
+    finally:
+        if writer is not None:
+            writer.close()
 
 
 # --- entry point -----------------------------------------------------------------------------
