@@ -89,6 +89,23 @@ class Engine:
             raise EngineError(what, response.status_code, _message(response))
         return response
 
+    @asynccontextmanager
+    async def stream(
+        self, method: str, path: str, *, what: str, check: bool = True, **kwargs: Any
+    ) -> AsyncIterator[httpx.Response]:
+        """A streamed call (no read timeout: pulls and commands last); with ``check``, a status
+        other than 200 raises :class:`EngineError`. A transport failure, also one while the
+        block reads the body, is :class:`SandboxUnreachableError`."""
+        kwargs.setdefault("timeout", httpx.Timeout(None, connect=10.0))
+        try:
+            async with self._client.stream(method, self.prefix + path, **kwargs) as response:
+                if check and response.status_code != 200:
+                    await response.aread()
+                    raise EngineError(what, response.status_code, _message(response))
+                yield response
+        except httpx.TransportError as exc:
+            raise SandboxUnreachableError(f"{what}: Docker daemon unreachable: {exc!r}") from exc
+
     # -- exec ---------------------------------------------------------------------------------
     async def exec_create(self, container: str, body: Mapping[str, Any]) -> str:
         try:
@@ -106,23 +123,15 @@ class Engine:
     async def exec_stream(self, exec_id: str, on_frame: Callable[[int, bytes], None]) -> None:
         """``POST /exec/{id}/start`` attached; every demultiplexed frame goes to ``on_frame``."""
         decoder = FrameDecoder()
-        try:
-            async with self._client.stream(
-                "POST",
-                f"{self.prefix}/exec/{exec_id}/start",
-                json={"Detach": False, "Tty": False},
-                timeout=httpx.Timeout(None, connect=10.0),
-            ) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise EngineError("exec start", response.status_code, _message(response))
-                async for chunk in response.aiter_raw():
-                    for stream, data in decoder.feed(chunk):
-                        on_frame(stream, data)
-        except httpx.TransportError as exc:
-            raise SandboxUnreachableError(
-                f"exec stream: Docker daemon unreachable: {exc!r}"
-            ) from exc
+        async with self.stream(
+            "POST",
+            f"/exec/{exec_id}/start",
+            what="exec start",
+            json={"Detach": False, "Tty": False},
+        ) as response:
+            async for chunk in response.aiter_raw():
+                for stream, data in decoder.feed(chunk):
+                    on_frame(stream, data)
         if decoder.pending:
             raise SandboxUnreachableError("exec stream: cut in the middle of a frame")
 
@@ -151,42 +160,32 @@ class Engine:
         on_progress: Callable[[PullProgress], None] | None,
     ) -> None:
         """``POST /images/create``, following its JSON-lines progress to the end."""
-        try:
-            async with self._client.stream(
-                "POST",
-                f"{self.prefix}/images/create",
-                params={"fromImage": from_image, "tag": tag},
-                timeout=httpx.Timeout(None, connect=10.0),
-            ) as response:
-                if response.status_code != 200:
-                    await response.aread()
-                    raise EngineError(
-                        f"pull {progress.image}", response.status_code, _message(response)
-                    )
-                async for line in response.aiter_lines():
-                    if not line.strip():
-                        continue
-                    try:
-                        event = json.loads(line)
-                    except ValueError:
-                        continue
-                    apply_pull_event(progress, event)
-                    if on_progress is not None:
-                        on_progress(progress)
-        except httpx.TransportError as exc:
-            raise SandboxUnreachableError(
-                f"pull {progress.image}: daemon unreachable: {exc!r}"
-            ) from exc
+        async with self.stream(
+            "POST",
+            "/images/create",
+            what=f"pull {progress.image}",
+            params={"fromImage": from_image, "tag": tag},
+        ) as response:
+            async for line in response.aiter_lines():
+                if not line.strip():
+                    continue
+                try:
+                    event = json.loads(line)
+                except ValueError:
+                    continue
+                apply_pull_event(progress, event)
+                if on_progress is not None:
+                    on_progress(progress)
 
     # -- archives -------------------------------------------------------------------------------
     @asynccontextmanager
     async def get_archive(self, container: str, path: str) -> AsyncIterator[httpx.Response]:
-        try:
-            async with self._client.stream(
-                "GET", f"{self.prefix}/containers/{container}/archive", params={"path": path}
-            ) as response:
-                yield response
-        except httpx.TransportError as exc:
-            raise SandboxUnreachableError(
-                f"read {path}: Docker daemon unreachable: {exc!r}"
-            ) from exc
+        async with self.stream(
+            "GET",
+            f"/containers/{container}/archive",
+            what=f"read {path}",
+            check=False,
+            params={"path": path},
+            timeout=self._client.timeout,
+        ) as response:
+            yield response
