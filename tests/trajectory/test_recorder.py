@@ -152,12 +152,19 @@ def test_records_equal_from_lists_and_build_the_same_samples(
     assert samples == build(refs, limit, policy)
     for s in samples:
         assert decode_sample(encode_sample(s)) == s  # the decoder re-checks every invariant
-    if limit is None:
-        segments = ref_build(refs, **policy)
-        kept = [seg for seg in segments if any(seg.mask)]  # untrained ones are dropped
-        assert [s.tokens_list() for s in samples] == [seg.tokens for seg in kept]
-        assert [s.loss_mask_list() for s in samples] == [seg.mask for seg in kept]
-        assert [s.rollout_log_probs_list() for s in samples] == [seg.log_probs for seg in kept]
+    # The plain-list reference, cut to the limit by slime's rule (keep the first ``limit``
+    # tokens; a sample whose prompt alone fills it, or left untrained, is dropped).
+    expected = []
+    for seg in ref_build(refs, **policy):
+        tokens, mask, lps = seg.tokens, seg.mask, seg.log_probs
+        if limit is not None and len(tokens) > limit:
+            keep = max(limit - seg.prompt_len, 0)
+            tokens, mask, lps = tokens[:limit], mask[:keep], lps[:keep]
+        if any(mask):
+            expected.append((tokens, mask, lps))
+    assert [(s.tokens_list(), s.loss_mask_list(), s.rollout_log_probs_list()) for s in samples] == (
+        expected
+    )
     # Records never change afterwards: not when the caller writes to its lists and arrays.
     for kw in chain:
         for key in ("prompt_ids", "output_ids"):
