@@ -90,10 +90,9 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         errors: list[str] = []
         returned: dict[str, float] = {}
-        samples: list[
-            tuple[float, float, float, int, int]
-        ] = []  # t, cpu, server cpu, spawned, done
-        done = 0
+        # (t, client cpu, server cpu, spawns, waits) every second
+        samples: list[tuple[float, float, float, int, int]] = []
+        cpu0 = _cpu()
         async with E2BBackend(
             api_key=info["api_key"],
             api_url=info["api_url"],
@@ -105,7 +104,6 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
             first_end = t0 + ramp + hold
 
             async def one(i: int) -> None:
-                nonlocal done
                 await trio.sleep_until(trio.current_time() + i / RATE - (time.monotonic() - t0))
                 code = i % 7
                 end = first_end + spread * i / n
@@ -123,14 +121,20 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                             errors.append(f"{i}: {r}")
                 except Exception as exc:
                     errors.append(f"{i}: {exc!r}")
-                finally:
-                    done += 1
 
             async def monitor() -> None:
                 while True:
                     stats = await trio.to_thread.run_sync(srv.query, "stats")
-                    spawned = stats["synthetic"]["by_shape"]["spawn"]
-                    samples.append((time.monotonic(), _cpu(), stats["cpu_sec"], spawned, done))
+                    shapes = stats["synthetic"]["by_shape"]
+                    samples.append(
+                        (
+                            time.monotonic(),
+                            _cpu(),
+                            stats["cpu_sec"],
+                            shapes["spawn"],
+                            shapes["wait"],
+                        )
+                    )
                     await trio.sleep(1.0)
 
             pools_steady: list[dict[str, Any]] = []
@@ -148,7 +152,10 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                 outer.cancel_scope.cancel()
             wall = time.monotonic() - t0
             pools_end = _pool_figures(backend.statistics())
+            failures = dict(backend.statistics().failures)
         return {
+            "failures": failures,
+            "cpu_total": _cpu() - cpu0,
             "errors": errors,
             "returned": returned,
             "samples": samples,
@@ -168,10 +175,12 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
     steady = [s for s in out["samples"] if s[3] >= n and s[0] < out["first_end"]]
     cpu = srv_cpu = math.nan
     window = 0.0
+    waits = 0
     if len(steady) >= 2:
         window = steady[-1][0] - steady[0][0]
         cpu = (steady[-1][1] - steady[0][1]) / window * 100
         srv_cpu = (steady[-1][2] - steady[0][2]) / window * 100
+        waits = steady[-1][4] - steady[0][4]
     return {
         "n": n,
         "errors": out["errors"],
@@ -179,6 +188,10 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
         "cpu_pct": cpu,
         "server_cpu_pct": srv_cpu,
         "window": window,
+        "failures": out["failures"],
+        "waits": waits,
+        "cpu_per_call_ms": out["cpu_total"] / n * 1e3,
+        "load": os.getloadavg()[0],
         "p50": _pct(lat, 0.5) * 1e3,
         "p99": _pct(lat, 0.99) * 1e3,
         "max": max(lat) * 1e3 if lat else math.nan,
@@ -202,6 +215,7 @@ def _report(r: dict[str, Any]) -> None:
         f"over {r['spread']:.0f} s, poll {POLL:g} s), wall {r['wall']:.0f} s"
     )
     print(f"    errors                         {len(r['errors'])}  {r['errors'][:3]}")
+    print(f"    transient failures (retried)   {r['failures']}")
     print(f"    client peak RSS                {r['rss_mb']:.0f} MB")
     print(
         f"    client CPU, steady state       {r['cpu_pct']:.1f} % of one core "

@@ -23,7 +23,10 @@ import trio
 
 #: Per-connection stream cap: below the E2B edge's SETTINGS_MAX_CONCURRENT_STREAMS of 100.
 DEFAULT_STREAMS_PER_CONNECTION = 64
-DEFAULT_MAX_CONNECTIONS = 32
+#: Connections per origin: with the cap above, 16,384 concurrent streams. Every detached command
+#: holds one long-poll stream, so 10,000 concurrent commands need at least 157 connections; at 32
+#: (2,048 streams) the rest waited for a slot and their commands' ends went unseen.
+DEFAULT_MAX_CONNECTIONS = 256
 
 
 #: Bound on one socket write that must not be interrupted (see :class:`WholeWrites`).
