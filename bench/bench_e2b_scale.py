@@ -219,7 +219,12 @@ def _report(r: dict[str, Any]) -> None:
     print(f"    client peak RSS                {r['rss_mb']:.0f} MB")
     print(
         f"    client CPU, steady state       {r['cpu_pct']:.1f} % of one core "
-        f"(over {r['window']:.0f} s; server {r['server_cpu_pct']:.1f} %)"
+        f"(over {r['window']:.0f} s; server {r['server_cpu_pct']:.1f} %; {r['waits']} wait "
+        f"RPCs, {r['waits'] / max(r['window'], 1e-9):.0f}/s)"
+    )
+    print(
+        f"    client CPU per sandbox, whole  {r['cpu_per_call_ms']:.1f} ms (create, write, "
+        f"spawn, waits, cleanup, kill); load average at the end {r['load']:.1f}"
     )
     print(
         f"    end -> caller has exit code    p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, "
