@@ -312,11 +312,24 @@ def test_generate_with_claude_code(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 async def _provide_libraries(sb: Any, exe: Path) -> None:
     """The test image carries only the libraries of a few tools; give it those the agent's
     executable loads that it lacks (Claude Code's Bun needs librt; SWE-bench images have it)."""
-    out = await trio.run_process(["ldd", str(exe)], capture_stdout=True, check=False)
-    for lib in re.findall(r"=> (/\S+)", out.stdout.decode()):
+    # The executable, and for a Python agent its compiled extensions (pydantic-core's needs
+    # libgcc_s, which the image's few tools do not).
+    objects = [str(exe), *[str(p) async for p in _shared_objects(exe)]]
+    libs: set[str] = set()
+    for obj in objects:
+        out = await trio.run_process(["ldd", obj], capture_stdout=True, check=False)
+        libs.update(re.findall(r"=> (/\S+)", out.stdout.decode()))
+    for lib in sorted(libs):
         if not (await sb.exec(f"test -e {lib}", user="root")).ok:
             data = await trio.Path(lib).read_bytes()
             await sb.write_file(lib, data, user="root")
+
+
+async def _shared_objects(exe: Path) -> Any:
+    venv = trio.Path(exe).parent.parent
+    if await (venv / "pyvenv.cfg").exists():
+        for path in await venv.rglob("*.so"):
+            yield path
 
 
 @pytest.mark.parametrize("agent", AGENTS)
