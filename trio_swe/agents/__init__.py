@@ -15,8 +15,16 @@ from __future__ import annotations
 from .._errors import PromptTooLongError
 from . import _cli as _cli  # registers the CLI agents
 from ._bash_agent import BashAgent, parse_command, render_first_prompt
+from ._cli import CliAgent, cli_agent_host_paths
 from ._harness import AgentInstallError, NpmCliAgent, install_npm_cli, run_agent
-from ._policy import Policy, PolicyError, PolicyOutput, PolicyStatistics, SGLangPolicy
+from ._policy import (
+    Policy,
+    PolicyError,
+    PolicyOutput,
+    PolicyStatistics,
+    SGLangPolicy,
+    StreamingPolicy,
+)
 from ._registry import AgentFactory, available_agents, create_agent, register_agent
 from ._tokenizer import ByteTokenizer, Tokenizer
 from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent
@@ -31,6 +39,7 @@ __all__ = [
     "BaseAgent",
     "BashAgent",
     "ByteTokenizer",
+    "CliAgent",
     "NpmCliAgent",
     "Policy",
     "PolicyError",
@@ -38,8 +47,10 @@ __all__ = [
     "PolicyStatistics",
     "PromptTooLongError",
     "SGLangPolicy",
+    "StreamingPolicy",
     "Tokenizer",
     "available_agents",
+    "cli_agent_host_paths",
     "create_agent",
     "install_npm_cli",
     "parse_command",
