@@ -537,19 +537,21 @@ def _options(cls: type[msgspec.Struct]) -> Iterator[tuple[tuple[str, ...], str, 
 
 
 def _env_of(annotation: Any) -> str | None:
-    for meta in reversed(_metas(annotation)):
-        extra = meta.extra or {}
-        if "env" in extra:
-            return str(extra["env"])
-    return None
+    """The option's variable (``env(NAME)``), if any."""
+    return _extra(annotation, "env")
 
 
 def _none_word(annotation: Any) -> str | None:
     """The value of the option's variable that means None (``env(..., none=...)``), if any."""
+    return _extra(annotation, "none")
+
+
+def _extra(annotation: Any, key: str) -> str | None:
+    """``key`` of the innermost ``msgspec.Meta(extra=...)`` on ``annotation`` that has it."""
     for meta in reversed(_metas(annotation)):
         extra = meta.extra or {}
-        if "none" in extra:
-            return str(extra["none"])
+        if key in extra:
+            return str(extra[key])
     return None
 
 
