@@ -47,7 +47,9 @@ async def gateway(
     async with (
         scripted_policy(scripts or {"http-1": SCRIPT}) as (server, policy),
         open_gateway(policy, qwen3_tokenizer(), **kwargs) as gw,
-        httpx.AsyncClient(base_url=str(gw.url), timeout=30) as client,
+        # A hang guard, not a bound: 100 sessions at once on a loaded 2-core machine took
+        # over 30 s (ReadTimeout in a full-suite run).
+        httpx.AsyncClient(base_url=str(gw.url), timeout=300) as client,
     ):
         yield gw, client, server
 
@@ -59,7 +61,7 @@ def chat_body(messages: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
 async def until(condition: Callable[[], bool]) -> None:
     """Wait until ``condition()`` holds: every task blocked is not enough, as the gateway
     tokenizes in worker threads, so it is checked again each time things settle."""
-    with trio.fail_after(60):
+    with trio.fail_after(180):
         while not condition():
             await trio.testing.wait_all_tasks_blocked()
             if not condition():
@@ -426,7 +428,7 @@ async def test_policy_500_then_retry_records_one_turn() -> None:
         flaky = _FailingOnce(policy)
         async with (
             open_gateway(flaky, qwen3_tokenizer()) as gw,
-            httpx.AsyncClient(base_url=str(gw.url), timeout=30) as client,
+            httpx.AsyncClient(base_url=str(gw.url), timeout=300) as client,
         ):
             session = gw.open_session("ep-500")
             body = chat_body([{"role": "user", "content": TASK}])

@@ -92,15 +92,15 @@ def test_text_is_streamed_before_the_output_ends() -> None:
 
 async def test_deltas_reach_the_client_while_the_policy_generates_and_a_hang_up_aborts() -> None:
     long = "<think>\nA long thought.\n</think>\n\n" + "word " * 200
-    scripts = {"http-1": [ScriptedCompletion(long, delay_sec=60.0)]}
+    scripts = {"http-1": [ScriptedCompletion(long, delay_sec=120.0)]}
     async with (
         scripted_policy(scripts) as (server, policy),
         open_gateway(policy, qwen3_tokenizer()) as gw,
-        httpx.AsyncClient(base_url=str(gw.url), timeout=60) as client,
+        httpx.AsyncClient(base_url=str(gw.url), timeout=300) as client,
     ):
         session = gw.open_session("ep-stream")
         body = chat_body([{"role": "user", "content": TASK}], stream=True)
-        with trio.fail_after(50):
+        with trio.fail_after(240):  # a hang guard
             async with client.stream(
                 "POST",
                 "/v1/chat/completions",
@@ -156,7 +156,7 @@ async def test_a_failure_mid_stream_ends_it_with_the_apis_error_event(api: str) 
     async with (
         scripted_policy({"http-1": [text]}) as (server, policy),
         open_gateway(_FailsMidStream(policy), qwen3_tokenizer()) as gw,
-        httpx.AsyncClient(base_url=str(gw.url), timeout=60) as client,
+        httpx.AsyncClient(base_url=str(gw.url), timeout=300) as client,
     ):
         session = gw.open_session("ep-fail")
         auth = {"authorization": f"Bearer {session.api_key}", "x-api-key": session.api_key}
@@ -190,7 +190,7 @@ async def test_streamed_turns_are_recorded_token_exact(incremental: bool) -> Non
     async with (
         scripted_policy({"http-1": [CALL]}, incremental_streaming=incremental) as (_, policy),
         open_gateway(policy, qwen3_tokenizer()) as gw,
-        httpx.AsyncClient(base_url=str(gw.url), timeout=60) as client,
+        httpx.AsyncClient(base_url=str(gw.url), timeout=300) as client,
     ):
         session = gw.open_session("ep-exact")
         r = await client.post(
