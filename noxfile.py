@@ -42,6 +42,14 @@ def ray(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def e2b_h2(session: nox.Session) -> None:
+    """The E2B suites with envd over the purpose-built HTTP/2 client (not yet the default)."""
+    session.env["TRIO_SWE_E2B_HTTP_CLIENT"] = "h2"
+    args = session.posargs or ["-q", "-n", "1", "-p", "no:randomly"]
+    session.run(PYTHON, "-m", "pytest", "tests/e2b", "tests/test_cli_e2b.py", *args)
+
+
+@nox.session(python=False)
 def models(session: nox.Session) -> None:
     """Real-checkpoint tests in full: the default ones plus `trio-swe demo --tokenizer` (Qwen3)."""
     session.env["TRIO_SWE_MODELS_FULL"] = "1"

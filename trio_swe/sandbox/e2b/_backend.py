@@ -18,11 +18,14 @@ from .._images import ImageMap, ImageSource
 from .._types import BackendStatistics, SandboxSpec
 from . import _connect
 from ._envd import ENVD_PORT, EnvdClient
+from ._h2conn import ping_interval_for
+from ._h2pool import H2Pool
 from ._pool import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_STREAMS_PER_CONNECTION,
     ConnectionPool,
     PoolStatistics,
+    Transport,
 )
 from ._rest import RestClient
 from ._retry import RetryPolicy, RetryStats
@@ -105,6 +108,10 @@ class E2BBackend(trio.abc.AsyncResource):
         request_timeout: bound on one unary request or file transfer.
         max_output_bytes: ``exec`` keeps the last this many bytes of output.
         seed: seeds the backoff jitter (tests).
+        http_client: envd's HTTP/2 client: ``"h2"`` (the purpose-built client of
+            :mod:`._h2conn`, for ``https://`` and h2c origins) or ``"httpx"`` (default: the
+            ``TRIO_SWE_E2B_HTTP_CLIENT`` variable, else ``"httpx"``). The REST API always uses
+            httpx.
         images: which template each row boots (the image-mapping hook ``image_for``): instance
             id -> template, or a function of the instance metadata returning one (None: the
             row's own image, which must then be a template name or id).
@@ -130,6 +137,7 @@ class E2BBackend(trio.abc.AsyncResource):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         seed: int | None = None,
         images: ImageSource | None = None,
+        http_client: str | None = None,
     ) -> None:
         self.image_for = ImageMap(images)
         self.debug = _env_bool("E2B_DEBUG") if debug is None else debug
@@ -152,6 +160,12 @@ class E2BBackend(trio.abc.AsyncResource):
             verify = ssl.create_default_context(cafile=verify)
         self._verify: ssl.SSLContext | bool = verify
         self._h2c = h2c
+        # httpx stays the default until the h2 client has passed the fault suites repeatedly
+        # on a quiet machine (docs/e2b.md, "The HTTP/2 client for envd").
+        client = http_client or os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT") or "httpx"
+        if client not in ("h2", "httpx"):
+            raise ConfigError(f"http_client must be 'h2' or 'httpx', got {client!r}")
+        self._http_client = client
         self._per_conn = streams_per_connection
         self._max_conns = max_connections
         self._keepalive = keepalive_interval
@@ -160,7 +174,7 @@ class E2BBackend(trio.abc.AsyncResource):
         self._max_output = max_output_bytes
         self._rng = random.Random(seed)
         self._stats = RetryStats()
-        self._pools: dict[str, ConnectionPool] = {}
+        self._pools: dict[tuple[str, str], Transport] = {}
         self._token: object | None = None
         self._created = 0
         self._killed = 0
@@ -169,23 +183,38 @@ class E2BBackend(trio.abc.AsyncResource):
 
     # --- connections ---------------------------------------------------------------------
 
-    def _pool(self, origin: str) -> ConnectionPool:
+    def _pool(self, origin: str, *, envd: bool = False) -> Transport:
+        """The pool of ``origin``: envd over the h2 client where it applies, else httpx."""
         token = trio.lowlevel.current_trio_token()
         if token is not self._token:
-            # httpx clients are bound to the trio run that made them; a new run starts over.
+            # Connections are bound to the trio run that made them; a new run starts over.
             self._pools = {}
             self._token = token
-        pool = self._pools.get(origin)
+        h2c = self._h2c and origin.startswith("http://")
+        lean = envd and self._http_client == "h2" and (h2c or origin.startswith("https://"))
+        key = ("h2" if lean else "httpx", origin)
+        pool = self._pools.get(key)
         if pool is None:
-            pool = self._pools[origin] = ConnectionPool(
-                origin,
-                http2=True,
-                h2c=self._h2c and origin.startswith("http://"),
-                verify=self._verify,
-                streams_per_connection=self._per_conn,
-                max_connections=self._max_conns,
-                headers={"user-agent": _USER_AGENT},
-            )
+            if lean:
+                pool = H2Pool(
+                    origin,
+                    verify=self._verify,
+                    streams_per_connection=self._per_conn,
+                    max_connections=self._max_conns,
+                    headers={"user-agent": _USER_AGENT},
+                    ping_interval=ping_interval_for(self._keepalive),
+                )
+            else:
+                pool = ConnectionPool(
+                    origin,
+                    http2=True,
+                    h2c=h2c,
+                    verify=self._verify,
+                    streams_per_connection=self._per_conn,
+                    max_connections=self._max_conns,
+                    headers={"user-agent": _USER_AGENT},
+                )
+            self._pools[key] = pool
         return pool
 
     def _rest(self) -> RestClient:
@@ -260,7 +289,7 @@ class E2BBackend(trio.abc.AsyncResource):
         if token:
             headers["x-access-token"] = token
         envd = EnvdClient(
-            self._pool(self.envd_url(sandbox_id, domain)),
+            self._pool(self.envd_url(sandbox_id, domain), envd=True),
             headers,
             policy=self._policy,
             stats=self._stats,

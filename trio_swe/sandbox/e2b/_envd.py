@@ -1,10 +1,11 @@
 """A client of one sandbox's envd: Connect RPCs for processes, HTTP for files and health.
 
-Every request takes a stream slot from the shared :class:`~._pool.ConnectionPool`, goes through
-the retry table (:mod:`._retry`) and is counted. Server streams get an idle watchdog: envd sends
-a keepalive event every ``Keepalive-Ping-Interval`` seconds, so a stream silent for much longer
-than that is dead (on HTTP/2, httpx's read timeout cannot see it: the connection's other streams
-keep the socket busy).
+Every request takes a stream slot from the shared pool of the envd origin (the purpose-built
+HTTP/2 client of :mod:`._h2pool`, or httpx's :class:`~._pool.ConnectionPool`), plain requests go
+through the one request-and-retry function :func:`~._pool.fetch`, and all are counted. Server
+streams get an idle watchdog: envd sends a keepalive event every ``Keepalive-Ping-Interval``
+seconds, so a stream silent for much longer than that is dead (on HTTP/2 a read timeout cannot
+see it: the connection's other streams keep the socket busy).
 """
 
 from __future__ import annotations
@@ -22,14 +23,13 @@ import msgspec
 import trio
 
 from . import _connect, _wire
-from ._pool import ConnectionPool
+from ._pool import Answer, Exchange, Transport, fetch
 from ._retry import (
     STREAM_ID_ATTR,
     RetryPolicy,
     RetryStats,
     StreamIdleTimeout,
     classify,
-    retry_call,
 )
 
 T = TypeVar("T")
@@ -37,6 +37,10 @@ T = TypeVar("T")
 ENVD_PORT: Final = 49983
 PROCESS_SERVICE: Final = "process.Process"
 FILESYSTEM_SERVICE: Final = "filesystem.Filesystem"
+
+
+def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
+    return [(k.lower().encode(), v.encode()) for k, v in headers.items()]
 
 
 def basic_user(user: str) -> str:
@@ -47,9 +51,8 @@ def basic_user(user: str) -> str:
 class EventStream:
     """The events of one ``Start``/``Connect`` server stream, read with an idle watchdog."""
 
-    def __init__(self, response: httpx.Response, idle_timeout: float) -> None:
-        self._response = response
-        self._chunks = response.aiter_raw()
+    def __init__(self, exchange: Exchange, idle_timeout: float) -> None:
+        self._ex = exchange
         self._decoder = _connect.EnvelopeDecoder()
         self._pending: list[_connect.Envelope] = []
         self._idle = idle_timeout
@@ -78,29 +81,33 @@ class EventStream:
                     return msg.event
             if self.finished:
                 return None
-            chunk: bytes | None = None
-            with trio.move_on_after(self._idle):
-                try:
-                    chunk = await self._chunks.__anext__()
-                except StopAsyncIteration:
-                    self._decoder.check_complete()
-                    raise _connect.ProtocolError(
-                        "stream ended without an end-of-stream message"
-                    ) from None
+            chunk = self._ex.receive_nowait()  # no watchdog scope for what is already here
+            if chunk is None:
+                with trio.move_on_after(self._idle):
+                    chunk = await self._ex.receive()
+            else:
+                await trio.lowlevel.checkpoint_if_cancelled()
             if chunk is None:
                 raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
+            if not chunk:
+                self._decoder.check_complete()
+                raise _connect.ProtocolError("stream ended without an end-of-stream message")
             self._pending = self._decoder.feed(chunk)
 
     async def _drain(self) -> None:
         """Read the body to its end after the end-of-stream message (normally nothing is left).
 
-        A body iterator left suspended is finalized by trio through a system task per async
-        generator in httpx/httpcore's chain, several per stream: reading to EOF costs less
-        client CPU than that. The outcome is already known, so a failure here is ignored.
+        The HTTP/2 end of the stream usually follows at once: reading it means the close
+        sends no RST_STREAM (and httpx's body iterators end instead of being finalized by trio,
+        a system task per async generator). The outcome is already known: a failure is ignored.
         """
+        while chunk := self._ex.receive_nowait():
+            pass
+        if chunk == b"":
+            return  # ended already (the usual case on HTTP/2): no watchdog needed
         with trio.move_on_after(self._idle):
             try:
-                async for _ in self._chunks:
+                while await self._ex.receive():
                     pass
             except (httpx.TransportError, httpx.StreamError):
                 pass
@@ -110,7 +117,7 @@ class EnvdClient:
     """envd of one sandbox, reached through ``pool`` with routing/auth ``headers``.
 
     Args:
-        pool: connections to the envd origin.
+        pool: connections to the envd origin (either client: :class:`~._pool.Transport`).
         headers: ``X-Access-Token``, ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port``...
         policy: retry policy.
         stats: where retries and resets are counted (shared with the backend).
@@ -120,7 +127,7 @@ class EnvdClient:
 
     def __init__(
         self,
-        pool: ConnectionPool,
+        pool: Transport,
         headers: Mapping[str, str],
         *,
         policy: RetryPolicy,
@@ -131,6 +138,7 @@ class EnvdClient:
     ) -> None:
         self.pool = pool
         self.headers = dict(headers)
+        self._headers = _encode_headers(self.headers)
         self.policy = policy
         self.stats = stats
         self.rng = rng
@@ -140,23 +148,11 @@ class EnvdClient:
         self.request_timeout = request_timeout
         self.rpcs = 0
         self.resets = 0
+        self._stream_extra = _encode_headers(
+            {"keepalive-ping-interval": str(max(1, round(keepalive_interval)))}
+        )
 
     # --- plumbing ------------------------------------------------------------------------
-
-    def _timeout(self, read: float | None) -> httpx.Timeout:
-        return httpx.Timeout(connect=10.0, read=read, write=30.0, pool=30.0)
-
-    async def _after_failure(self, exc: BaseException, client: httpx.AsyncClient) -> None:
-        """Retire the connection when the table says so (protocol errors, silent streams)."""
-        if classify(exc).reset_pool:
-            self.resets += 1
-            self.stats.resets += 1
-            await self.pool.reset(client)
-
-    async def _retry(self, attempt: Any, *, idempotent: bool) -> Any:
-        return await retry_call(
-            attempt, idempotent=idempotent, policy=self.policy, stats=self.stats, rng=self.rng
-        )
 
     async def request(
         self,
@@ -168,51 +164,32 @@ class EnvdClient:
         idempotent: bool,
         ok: tuple[int, ...] = (200,),
         shield: bool = False,
-    ) -> httpx.Response:
+        limit: int | None = None,
+    ) -> Answer:
         """One plain HTTP request (files, health, unary RPCs) with retries; body read.
 
-        ``shield``: an attempt, once sent, runs to its answer (bounded by ``request_timeout``)
-        even if the caller is cancelled, so a cancelled mutation cannot land after the caller
-        cleaned up. Cancellation takes effect between attempts.
+        See :func:`~._pool.fetch` (``shield``: a sent attempt runs to its answer; ``limit``:
+        read at most ``limit + 1`` bytes of the body).
 
         Raises:
             ConnectError: a status outside ``ok`` (after retries when transient).
         """
-
-        async def attempt() -> httpx.Response:
-            self.rpcs += 1
-            async with self.pool.slot() as client:
-                try:
-                    got: httpx.Response | None = None
-                    # A cancel scope, not httpx's read timeout: on HTTP/2 the other streams of
-                    # the connection keep the socket busy, so a hung request never times out.
-                    with trio.CancelScope(
-                        shield=shield, deadline=trio.current_time() + self.request_timeout
-                    ):
-                        got = await client.request(
-                            method,
-                            path,
-                            content=content,
-                            headers={**self.headers, **(headers or {})},
-                            timeout=self._timeout(self.request_timeout),
-                        )
-                    if got is None:
-                        raise StreamIdleTimeout(f"{method} {path.split('?')[0]} timed out")
-                    resp = got
-                except Exception as exc:
-                    await self._after_failure(exc, client)
-                    raise
-            if resp.status_code not in ok:
-                raise _connect.error_from_response(
-                    resp.status_code,
-                    resp.content,
-                    content_type=resp.headers.get("content-type"),
-                    retry_after=resp.headers.get("retry-after"),
-                )
-            return resp
-
-        resp: httpx.Response = await self._retry(attempt, idempotent=idempotent)
-        return resp
+        return await fetch(
+            self.pool,
+            method,
+            path,
+            headers=self._headers + _encode_headers(headers) if headers else self._headers,
+            body=content,
+            ok=ok,
+            idempotent=idempotent,
+            timeout=self.request_timeout,
+            policy=self.policy,
+            stats=self.stats,
+            rng=self.rng,
+            owner=self,
+            shield=shield,
+            limit=limit,
+        )
 
     async def unary(
         self,
@@ -254,56 +231,54 @@ class EnvdClient:
         Failures raised inside the block carry our HTTP/2 stream id (for the GOAWAY rule) and
         retire the connection when the retry table says so.
         """
-        extra = {"keepalive-ping-interval": str(max(1, round(self.keepalive_interval)))}
+        extra: dict[str, str] = {}
         if user:
             extra["authorization"] = basic_user(user)
         req = _connect.stream_request(
             _connect.procedure_path(PROCESS_SERVICE, method),
             _wire.encode(message),
             timeout_ms=timeout_ms,
-            headers={**self.headers, **extra},
+            headers=extra,
         )
+        headers = self._headers + self._stream_extra + _encode_headers(req.headers)
         self.rpcs += 1
-        async with self.pool.slot() as client:
-            stream_id: int | None = None
-            try:
-                request = client.build_request(
-                    "POST",
-                    req.path,
-                    content=req.body,
-                    headers=req.headers,
-                    timeout=self._timeout(None),
+        ex: Exchange | None = None
+        stream_id: int | None = None
+        status = 0
+        try:
+            # Response headers come once envd started the process: give a loaded sandbox
+            # more time than a silent stream gets.
+            with trio.CancelScope(
+                shield=shield,
+                deadline=min(trio.current_time() + self.headers_timeout, not_after),
+            ):
+                ex = await self.pool.open(b"POST", req.path.encode(), headers, req.body)
+                stream_id = ex.stream_id
+                await ex.receive_headers()
+                stream_id = ex.stream_id
+                status = ex.status
+            if ex is None or not status:
+                raise StreamIdleTimeout("no response headers")
+            if status != 200:
+                body = await ex.read_all()
+                raise _connect.error_from_response(
+                    status,
+                    body,
+                    content_type=ex.header("content-type"),
+                    retry_after=ex.header("retry-after"),
                 )
-                sent: httpx.Response | None = None
-                # Response headers come once envd started the process: give a loaded sandbox
-                # more time than a silent stream gets.
-                with trio.CancelScope(
-                    shield=shield,
-                    deadline=min(trio.current_time() + self.headers_timeout, not_after),
-                ):
-                    sent = await client.send(request, stream=True)
-                if sent is None:
-                    raise StreamIdleTimeout("no response headers")
-                resp = sent
-                stream_id = resp.extensions.get("stream_id")
-                try:
-                    if resp.status_code != 200:
-                        body = await resp.aread()
-                        raise _connect.error_from_response(
-                            resp.status_code,
-                            body,
-                            content_type=resp.headers.get("content-type"),
-                            retry_after=resp.headers.get("retry-after"),
-                        )
-                    yield EventStream(resp, self.idle_timeout)
-                finally:
-                    with trio.CancelScope(shield=True):
-                        await resp.aclose()
-            except Exception as exc:
-                if stream_id is not None:
-                    setattr(exc, STREAM_ID_ATTR, stream_id)
-                await self._after_failure(exc, client)
-                raise
+            yield EventStream(ex, self.idle_timeout)
+        except Exception as exc:
+            if stream_id is not None:
+                setattr(exc, STREAM_ID_ATTR, stream_id)
+            if classify(exc).reset_pool:
+                self.resets += 1
+                self.stats.resets += 1
+                await self.pool.reset(ex if ex is not None else exc)
+            raise
+        finally:
+            if ex is not None:
+                await ex.aclose()
 
     # --- envd API ------------------------------------------------------------------------
 
@@ -389,57 +364,20 @@ class EnvdClient:
         Asks for ``Range: bytes=0-<limit>`` (envd serves ranges) and stops reading the body
         past the limit whatever the server sends, so memory stays bounded either way.
         """
-        url = f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}"
-        headers = {
-            **self.headers,
-            "authorization": basic_user(user),
-            "accept-encoding": "identity",
-        }
+        extra = {"authorization": basic_user(user), "accept-encoding": "identity"}
         if limit is not None:
-            headers["range"] = f"bytes=0-{limit}"
-
-        async def attempt() -> tuple[bytes, bool]:
-            self.rpcs += 1
-            data = bytearray()
-            over = False
-            async with self.pool.slot() as client:
-                try:
-                    done = False
-                    with trio.CancelScope(deadline=trio.current_time() + self.request_timeout):
-                        request = client.build_request(
-                            "GET", url, headers=headers, timeout=self._timeout(self.request_timeout)
-                        )
-                        resp = await client.send(request, stream=True)
-                        try:
-                            if resp.status_code == 416:  # a range of an empty file
-                                done = True
-                            elif resp.status_code not in (200, 206):
-                                body = await resp.aread()
-                                raise _connect.error_from_response(
-                                    resp.status_code,
-                                    body,
-                                    content_type=resp.headers.get("content-type"),
-                                    retry_after=resp.headers.get("retry-after"),
-                                )
-                            else:
-                                async for chunk in resp.aiter_raw():
-                                    data += chunk
-                                    if limit is not None and len(data) > limit:
-                                        over = True
-                                        break
-                                done = True
-                        finally:
-                            with trio.CancelScope(shield=True):
-                                await resp.aclose()
-                    if not done:
-                        raise StreamIdleTimeout(f"GET /files {path} timed out")
-                except Exception as exc:
-                    await self._after_failure(exc, client)
-                    raise
-            return bytes(data[: limit + 1] if limit is not None else data), over
-
-        result: tuple[bytes, bool] = await self._retry(attempt, idempotent=True)
-        return result
+            extra["range"] = f"bytes=0-{limit}"
+        resp = await self.request(
+            "GET",
+            f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}",
+            headers=extra,
+            idempotent=True,
+            ok=(200, 206, 416),  # 416: a range of an empty file
+            limit=limit,
+        )
+        if resp.status == 416:
+            return b"", False
+        return resp.content, resp.over
 
     def statistics(self) -> dict[str, Any]:
         return {"rpcs": self.rpcs, "resets": self.resets}

@@ -11,15 +11,19 @@ one, and the old one is closed when its last stream ends.
 
 from __future__ import annotations
 
+import random
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Protocol
 
 import httpcore
 import httpx
 import msgspec
 import trio
+
+from . import _connect
+from ._retry import RetryPolicy, RetryStats, StreamIdleTimeout, classify, retry_call
 
 #: Per-connection stream cap: below the E2B edge's SETTINGS_MAX_CONCURRENT_STREAMS of 100.
 DEFAULT_STREAMS_PER_CONNECTION = 64
@@ -114,6 +118,101 @@ def whole_write_transport(**kwargs: Any) -> httpx.AsyncHTTPTransport:
     return transport
 
 
+class Exchange(Protocol):
+    """One request in flight on a pool (either client): read the answer, then close it.
+
+    ``status``/``header`` are valid after :meth:`receive_headers`; ``stream_id`` is our
+    HTTP/2 stream id when known (for the GOAWAY rule of the retry table).
+    """
+
+    stream_id: int | None
+
+    @property
+    def status(self) -> int: ...
+
+    def header(self, name: str) -> str | None: ...
+
+    async def receive_headers(self) -> None: ...
+
+    async def receive(self) -> bytes: ...
+
+    def receive_nowait(self) -> bytes | None:
+        """A chunk at hand without waiting (``b""``: the end), or None: await :meth:`receive`."""
+        ...
+
+    async def read_all(self) -> bytes: ...
+
+    async def aclose(self) -> None: ...
+
+
+class Transport(Protocol):
+    """Connections to one origin that send requests as :class:`Exchange` s."""
+
+    origin: str
+
+    async def open(
+        self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
+    ) -> Exchange: ...
+
+    async def reset(self, exchange: Any) -> None: ...
+
+    async def aclose(self) -> None: ...
+
+    def statistics(self) -> PoolStatistics: ...
+
+
+class HttpxExchange:
+    """:class:`Exchange` over an httpx streaming response (sent and answered by ``open``)."""
+
+    def __init__(self, pool: ConnectionPool, conn: _Conn, response: httpx.Response) -> None:
+        self._pool = pool
+        self._conn = conn
+        self._response = response
+        self._chunks = response.aiter_raw()
+        self._closed = False
+        self.stream_id: int | None = response.extensions.get("stream_id")
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        return self._conn.client
+
+    @property
+    def status(self) -> int:
+        return self._response.status_code
+
+    def header(self, name: str) -> str | None:
+        value: str | None = self._response.headers.get(name)
+        return value
+
+    async def receive_headers(self) -> None:
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def receive(self) -> bytes:
+        try:
+            return await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return b""
+
+    def receive_nowait(self) -> bytes | None:
+        return None
+
+    async def read_all(self) -> bytes:
+        parts = []
+        while chunk := await self.receive():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            with trio.CancelScope(shield=True):
+                await self._response.aclose()
+        finally:
+            await self._pool._release(self._conn)
+
+
 class _Conn:
     __slots__ = ("active", "client", "retired", "serial")
 
@@ -138,6 +237,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
         streams_total: streams opened in all.
         slot_waits: requests that waited for a free stream slot.
         streams_per_connection: the cap of concurrent streams on one connection.
+        client: ``"httpx"``, or ``"h2"`` for the purpose-built client (:mod:`._h2conn`).
     """
 
     origin: str
@@ -150,6 +250,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     streams_total: int
     slot_waits: int
     streams_per_connection: int
+    client: str = "httpx"
 
 
 class ConnectionPool:
@@ -259,12 +360,55 @@ class ConnectionPool:
                 if conn.retired and conn.active == 0:
                     await self._close_conn(conn)
 
+    async def open(
+        self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
+    ) -> HttpxExchange:
+        """Take a stream slot, send one request and wait for its response headers."""
+        if self._closed:
+            raise RuntimeError("connection pool is closed")
+        if self._slots.value == 0:
+            self.slot_waits += 1
+        await self._slots.acquire()
+        conn = self._pick()
+        conn.active += 1
+        self.streams_total += 1
+        self.peak_streams = max(self.peak_streams, self.active_streams)
+        try:
+            request = conn.client.build_request(
+                method.decode(),
+                path.decode(),
+                content=body,
+                headers=list(headers),
+                timeout=httpx.Timeout(
+                    connect=self._connect_timeout, read=None, write=30.0, pool=30.0
+                ),
+            )
+            response = await conn.client.send(request, stream=True)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                exc._trio_swe_lane = conn  # type: ignore[attr-defined]  # for reset()
+            await self._release(conn)
+            raise
+        return HttpxExchange(self, conn, response)
+
+    async def _release(self, conn: _Conn) -> None:
+        conn.active -= 1
+        self._slots.release()
+        if conn.retired and conn.active == 0:
+            await self._close_conn(conn)
+
     @property
     def active_streams(self) -> int:
         return sum(c.active for c in self._lanes) + sum(c.active for c in self._retired)
 
-    async def reset(self, client: httpx.AsyncClient) -> None:
-        """Retire the connection behind ``client`` (after a protocol error); idempotent."""
+    async def reset(self, client: Any) -> None:
+        """Retire the connection behind ``client`` (an ``httpx.AsyncClient``, an exchange, or
+        an exception raised by :meth:`open`) after a protocol error; idempotent."""
+        if isinstance(client, HttpxExchange):
+            client = client.client
+        elif isinstance(client, BaseException):
+            lane = getattr(client, "_trio_swe_lane", None)
+            client = lane.client if isinstance(lane, _Conn) else None
         for i, conn in enumerate(self._lanes):
             if conn.client is client:
                 conn.retired = True
@@ -307,3 +451,106 @@ class ConnectionPool:
             slot_waits=self.slot_waits,
             streams_per_connection=self._per_conn,
         )
+
+
+# --- one request with retries, for every client of a pool ------------------------------------
+
+
+class Answer:
+    """A response: status, body (``over``: cut at the caller's limit), headers (:meth:`header`)."""
+
+    __slots__ = ("_ex", "content", "over", "status")
+
+    def __init__(self, status: int, content: bytes, ex: Exchange, over: bool = False) -> None:
+        self.status = status
+        self.content = content
+        self.over = over
+        self._ex = ex
+
+    @property
+    def status_code(self) -> int:
+        """``status``, under httpx's name."""
+        return self.status
+
+    def header(self, name: str) -> str | None:
+        """The response header ``name`` (lowercase), or None."""
+        return self._ex.header(name)
+
+
+class Counted(Protocol):
+    """A client whose attempts and connection resets are counted."""
+
+    rpcs: int
+    resets: int
+
+
+async def fetch(
+    transport: Transport,
+    method: str,
+    path: str,
+    *,
+    headers: Sequence[tuple[bytes, bytes]],
+    body: bytes | None,
+    ok: tuple[int, ...],
+    idempotent: bool,
+    timeout: float,
+    policy: RetryPolicy,
+    stats: RetryStats,
+    rng: random.Random,
+    owner: Counted,
+    shield: bool = False,
+    limit: int | None = None,
+) -> Answer:
+    """One plain request (REST, files, health, unary RPCs) with retries; the body read whole.
+
+    Each attempt is bounded by ``timeout`` with a cancel scope, not a read timeout: on HTTP/2
+    the connection's other streams keep the socket busy, so a hung request never times out.
+    ``shield``: an attempt, once sent, runs to its answer (still bounded by ``timeout``) even if
+    the caller is cancelled, so a cancelled mutation cannot land after the caller cleaned up;
+    cancellation takes effect between attempts. A failure the retry table marks ``reset_pool``
+    retires the connection. ``limit``: read at most ``limit + 1`` bytes of the body (memory
+    stays bounded whatever the server sends); ``Answer.over`` says there were more.
+
+    Raises:
+        ConnectError: a status outside ``ok`` (after retries when transient).
+    """
+    bmethod, bpath = method.encode(), path.encode()
+
+    async def attempt() -> Answer:
+        owner.rpcs += 1
+        ex: Exchange | None = None
+        answer: Answer | None = None
+        try:
+            with trio.CancelScope(shield=shield, deadline=trio.current_time() + timeout):
+                ex = await transport.open(bmethod, bpath, headers, body)
+                await ex.receive_headers()
+                if limit is None or ex.status not in ok:
+                    answer = Answer(ex.status, await ex.read_all(), ex)
+                else:
+                    buf = bytearray()
+                    while chunk := await ex.receive():
+                        buf += chunk
+                        if len(buf) > limit:
+                            break
+                    answer = Answer(ex.status, bytes(buf[: limit + 1]), ex, len(buf) > limit)
+            if answer is None:
+                raise StreamIdleTimeout(f"{method} {path.split('?')[0]} timed out")
+        except Exception as exc:
+            if classify(exc).reset_pool:
+                owner.resets += 1
+                stats.resets += 1
+                await transport.reset(ex if ex is not None else exc)
+            raise
+        finally:
+            if ex is not None:
+                await ex.aclose()
+        if answer.status not in ok:
+            raise _connect.error_from_response(
+                answer.status,
+                answer.content,
+                content_type=answer.header("content-type"),
+                retry_after=answer.header("retry-after"),
+            )
+        return answer
+
+    return await retry_call(attempt, idempotent=idempotent, policy=policy, stats=stats, rng=rng)

@@ -15,12 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
-import httpx
-import trio
-
 from . import _connect, _wire
-from ._pool import ConnectionPool
-from ._retry import RetryPolicy, RetryStats, StreamIdleTimeout, classify, retry_call
+from ._pool import Answer, Transport, fetch
+from ._retry import RetryPolicy, RetryStats
 
 
 class RestClient:
@@ -35,7 +32,7 @@ class RestClient:
 
     def __init__(
         self,
-        pool: ConnectionPool,
+        pool: Transport,
         api_key: str | None,
         *,
         policy: RetryPolicy,
@@ -45,11 +42,13 @@ class RestClient:
     ) -> None:
         self.pool = pool
         self.headers = {"x-api-key": api_key} if api_key else {}
+        self._headers = [(k.encode(), v.encode()) for k, v in self.headers.items()]
         self.policy = policy
         self.stats = stats
         self.rng = rng
         self.request_timeout = request_timeout
         self.rpcs = 0
+        self.resets = 0
 
     async def _call(
         self,
@@ -60,43 +59,22 @@ class RestClient:
         headers: Mapping[str, str] | None = None,
         ok: tuple[int, ...],
         idempotent: bool,
-    ) -> httpx.Response:
-        async def attempt() -> httpx.Response:
-            self.rpcs += 1
-            async with self.pool.slot() as client:
-                try:
-                    got: httpx.Response | None = None
-                    with trio.move_on_after(self.request_timeout):
-                        got = await client.request(
-                            method,
-                            path,
-                            content=json,
-                            headers={
-                                **self.headers,
-                                **({"content-type": "application/json"} if json else {}),
-                                **(headers or {}),
-                            },
-                        )
-                    if got is None:
-                        raise StreamIdleTimeout(f"{method} {path} timed out")
-                except Exception as exc:
-                    if classify(exc).reset_pool:
-                        self.stats.resets += 1
-                        await self.pool.reset(client)
-                    raise
-            if got.status_code not in ok:
-                raise _connect.error_from_response(
-                    got.status_code,
-                    got.content,
-                    content_type=got.headers.get("content-type"),
-                    retry_after=got.headers.get("retry-after"),
-                )
-            return got
-
-        resp: httpx.Response = await retry_call(
-            attempt, idempotent=idempotent, policy=self.policy, stats=self.stats, rng=self.rng
+    ) -> Answer:
+        extra = {**({"content-type": "application/json"} if json else {}), **(headers or {})}
+        return await fetch(
+            self.pool,
+            method,
+            path,
+            headers=self._headers + [(k.encode(), v.encode()) for k, v in extra.items()],
+            body=json,
+            ok=ok,
+            idempotent=idempotent,
+            timeout=self.request_timeout,
+            policy=self.policy,
+            stats=self.stats,
+            rng=self.rng,
+            owner=self,
         )
-        return resp
 
     async def create(
         self,
@@ -144,7 +122,7 @@ class RestClient:
                 "GET", f"/v2/sandboxes?{urlencode(params)}", ok=(200,), idempotent=True
             )
             out += _wire.decode(resp.content, list[_wire.ListedSandbox])
-            token = resp.headers.get("x-next-token")
+            token = resp.header("x-next-token")
             if not token:
                 return out
             params["nextToken"] = token

@@ -1,0 +1,764 @@
+"""A purpose-built HTTP/2 client for envd's few routes: h2's state machine over trio streams.
+
+Why not httpx here: per short ``exec`` its client layers, httpcore's pool and the cancel scopes
+of httpcore's trio backend cost more client CPU than the whole HTTP/2 work (see
+``python -m bench e2b`` with ``TRIO_SWE_BENCH_PROFILE=1``), and httpcore never resets a stream
+it stops reading, nor lets earlier streams finish after a graceful GOAWAY. This module keeps
+the HTTP/2 rules and drops the rest:
+
+* one system task per connection reads frames and wakes the stream's reader (no lock dance);
+* writes coalesce: whoever finds bytes to send writes h2's whole buffer, shielded and bounded
+  (a begun write completes, the guarantee of :class:`~._pool.WholeWrites`);
+* a stream closed before its end sends ``RST_STREAM(CANCEL)``; DATA that still arrives for it is
+  credited back to the connection window (h2 does that for streams it knows closed);
+* a GOAWAY stops new streams on the connection; streams at or below its last-stream-id run to
+  their end, the others fail as never processed (retry-safe);
+* a connection silent for ``ping_interval`` gets a PING; no answer in another interval fails it;
+* request headers are HPACK-encoded without the dynamic table, so each header's bytes are
+  computed once and reused (a sandbox's routing headers repeat on every request).
+
+Failures are raised as httpx's exception types (subclasses carrying the h2 event), so the one
+retry table (:mod:`._retry`) classifies both transports alike.
+"""
+
+from __future__ import annotations
+
+import math
+import ssl
+from collections import deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any, Final
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import httpx
+import trio
+from hpack.hpack import encode_integer
+from hpack.table import HeaderTable
+
+#: Bound on one socket write that must not be interrupted (as ``_pool.WRITE_BOUND_SEC``).
+WRITE_BOUND_SEC: Final = 30.0
+_READ_SIZE: Final = 65536
+#: Connection-level receive window (per-stream windows stay at the default 65,535).
+_CONNECTION_WINDOW: Final = 16 * 1024 * 1024
+_CANCEL: Final = int(h2.errors.ErrorCodes.CANCEL)
+#: Stream ids are 31 bits; a connection this far along takes no new streams.
+_MAX_STREAM_ID: Final = 2**31 - 1 - 2 * 1024
+
+
+class H2StreamReset(httpx.RemoteProtocolError):
+    """The peer reset our stream (``args[0]`` is h2's ``StreamReset`` event)."""
+
+    def __init__(self, event: h2.events.StreamReset) -> None:
+        super().__init__(event)  # type: ignore[arg-type]  # httpcore passes h2 events too
+        self.event = event
+
+    def __str__(self) -> str:
+        return f"<StreamReset stream_id:{self.event.stream_id}, error_code:{self.event.error_code}>"
+
+
+class H2ConnectionTerminated(httpx.RemoteProtocolError):
+    """A GOAWAY ended the connection for this stream (``args[0]``: h2's event)."""
+
+    def __init__(self, event: h2.events.ConnectionTerminated) -> None:
+        super().__init__(event)  # type: ignore[arg-type]  # httpcore passes h2 events too
+        self.event = event
+
+    def __str__(self) -> str:
+        return (
+            f"<ConnectionTerminated error_code:{self.event.error_code}, "
+            f"last_stream_id:{self.event.last_stream_id}>"
+        )
+
+
+class H2NotNegotiated(Exception):
+    """TLS ALPN did not select ``h2``: this origin needs the httpx client."""
+
+
+# --- HPACK without the dynamic table -------------------------------------------------------
+
+_STATIC_FULL: dict[tuple[bytes, bytes], int] = {}
+_STATIC_NAME: dict[bytes, int] = {}
+for _i, (_n, _v) in enumerate(HeaderTable.STATIC_TABLE, start=1):
+    _STATIC_FULL.setdefault((_n, _v), _i)
+    _STATIC_NAME.setdefault(_n, _i)
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """One header as a stateless representation: static index, or a literal not indexed."""
+    full = _STATIC_FULL.get((name, value))
+    if full is not None:
+        out = encode_integer(full, 7)
+        out[0] |= 0x80
+        return bytes(out)
+    idx = _STATIC_NAME.get(name)
+    if idx is not None:
+        head = encode_integer(idx, 4)  # 0000xxxx: literal without indexing, indexed name
+    else:
+        head = bytearray(b"\x00") + encode_integer(len(name), 7) + name
+    return bytes(head + encode_integer(len(value), 7) + value)
+
+
+class StatelessEncoder:
+    """HPACK encoder that never uses the dynamic table, with a cache per header.
+
+    The first block starts with a table size update to 0, so whatever the peer's
+    ``SETTINGS_HEADER_TABLE_SIZE`` the table we use is within it. h2 calls :meth:`encode`
+    and sets :attr:`header_table_size`; nothing else of ``hpack.Encoder`` is used.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[bytes, bytes], bytes] = {}
+        self._first = True
+        self.header_table_size = 4096
+
+    def encode(self, headers: Iterable[Any], huffman: bool = True) -> bytes:
+        cache = self._cache
+        parts = [b"\x20"] if self._first else []
+        self._first = False
+        for header in headers:
+            key = (header[0], header[1])
+            enc = cache.get(key)
+            if enc is None:
+                if len(cache) > 4096:
+                    cache.clear()
+                enc = cache[key] = _literal(*key)
+            parts.append(enc)
+        return b"".join(parts)
+
+
+# --- TLS over a socket stream, without trio.SSLStream's per-record machinery ----------------
+
+
+class TLSStream(trio.abc.Stream):
+    """TLS on a :class:`trio.SocketStream` through ``ssl.SSLObject`` and memory BIOs.
+
+    One task sends and one receives at a time (the connection's writer flag and its reader
+    task), which is all an HTTP/2 connection needs; in exchange a read decrypts every record
+    that arrived in one go. TLS output produced by a read (a key update) is sent by the reader
+    unless a send is under way, which then sends it in order.
+    """
+
+    def __init__(self, sock: trio.SocketStream, ctx: ssl.SSLContext, host: str) -> None:
+        self._sock = sock
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self._obj = ctx.wrap_bio(self._in, self._out, server_side=False, server_hostname=host)
+        self._sending = False
+
+    def selected_alpn_protocol(self) -> str | None:
+        return self._obj.selected_alpn_protocol()
+
+    async def do_handshake(self) -> None:
+        while True:
+            try:
+                self._obj.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await self._push()
+                data = await self._sock.receive_some(_READ_SIZE)
+                if not data:
+                    raise trio.BrokenResourceError("EOF during the TLS handshake") from None
+                self._in.write(data)
+            except ssl.SSLError as exc:
+                raise trio.BrokenResourceError(f"TLS handshake failed: {exc}") from exc
+        await self._push()
+
+    async def _push(self) -> None:
+        self._sending = True
+        try:
+            while self._out.pending:
+                await self._sock.send_all(self._out.read())
+        finally:
+            self._sending = False
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        try:
+            self._obj.write(data)
+        except ssl.SSLError as exc:
+            raise trio.BrokenResourceError(f"TLS write failed: {exc}") from exc
+        await self._push()
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._sock.wait_send_all_might_not_block()
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        size = max_bytes or _READ_SIZE
+        while True:
+            parts = []
+            try:
+                # Every whole record in the BIO, without a failed read per call when possible.
+                parts.append(self._obj.read(size))
+                while self._obj.pending() or self._in.pending:
+                    parts.append(self._obj.read(size))
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLZeroReturnError:
+                if not parts:
+                    return b""  # close_notify
+            except ssl.SSLError as exc:
+                raise trio.BrokenResourceError(f"TLS read failed: {exc}") from exc
+            if self._out.pending and not self._sending:
+                await self._push()
+            if parts:
+                return parts[0] if len(parts) == 1 else b"".join(parts)
+            data = await self._sock.receive_some(_READ_SIZE)
+            if not data:
+                return b""  # EOF without close_notify: HTTP/2 framing tells a cut stream
+            self._in.write(data)
+
+    async def aclose(self) -> None:
+        await self._sock.aclose()
+
+
+# --- GOAWAY without losing the streams it lets finish ----------------------------------------
+
+_CI = h2.connection.ConnectionInputs
+_CLOSED = h2.connection.ConnectionState.CLOSED
+#: After a GOAWAY h2's connection is CLOSED and refuses every frame, even those of the streams
+#: the GOAWAY lets finish (RFC 9113 6.8): keep receiving, and keep crediting and resetting.
+_DRAIN_INPUTS = [i for i in _CI if i.name.startswith("RECV_")] + [
+    _CI.SEND_WINDOW_UPDATE,
+    _CI.SEND_RST_STREAM,
+    _CI.SEND_PING,
+    _CI.SEND_SETTINGS,
+]
+
+
+class _DrainingStateMachine(h2.connection.H2ConnectionStateMachine):
+    _transitions = {
+        **h2.connection.H2ConnectionStateMachine._transitions,
+        **{(_CLOSED, i): (None, _CLOSED) for i in _DRAIN_INPUTS},
+    }
+
+
+# --- one stream ----------------------------------------------------------------------------
+
+
+class H2Stream:
+    """One request/response exchange. Read with :meth:`receive`; always :meth:`aclose` it."""
+
+    __slots__ = (
+        "_chunks",
+        "_conn",
+        "_ended",
+        "_error",
+        "_headers",
+        "_sent_all",
+        "_waiter",
+        "status",
+        "stream_id",
+    )
+
+    def __init__(self, conn: H2Connection, stream_id: int) -> None:
+        self._conn = conn
+        self.stream_id = stream_id
+        self.status = 0
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._chunks: deque[tuple[bytes, int]] = deque()
+        self._ended = False
+        self._sent_all = False  # our END_STREAM went into h2's buffer
+        self._error: BaseException | None = None
+        self._waiter: trio.lowlevel.Task | None = None
+
+    def header(self, name: str) -> str | None:
+        """The first response header called ``name`` (lowercase), decoded as latin-1."""
+        key = name.encode()
+        for k, v in self._headers:
+            if k == key:
+                return v.decode("latin-1")
+        return None
+
+    def _wake(self) -> None:
+        task = self._waiter
+        if task is not None:
+            self._waiter = None
+            trio.lowlevel.reschedule(task)
+
+    async def _wait(self) -> None:
+        self._waiter = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:
+            self._waiter = None
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    async def receive_headers(self) -> None:
+        """Wait for the response headers (``status`` is set after this)."""
+        while not self.status:
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+        await trio.lowlevel.checkpoint_if_cancelled()
+
+    async def receive(self) -> bytes:
+        """The next chunk of the response body; ``b""`` at its end."""
+        while True:
+            if self._chunks:
+                data, flow = self._chunks.popleft()
+                self._conn._consumed(self.stream_id, flow)
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return data
+            if self._ended:
+                await trio.lowlevel.checkpoint_if_cancelled()
+                return b""
+            if self._error is not None:
+                raise self._error
+            await self._wait()
+
+    def receive_nowait(self) -> bytes | None:
+        """A chunk already received (``b""`` at the end), or None when one must be awaited."""
+        if self._chunks:
+            data, flow = self._chunks.popleft()
+            self._conn._consumed(self.stream_id, flow)
+            return data
+        if self._ended:
+            return b""
+        return None
+
+    async def read_all(self) -> bytes:
+        parts = []
+        while chunk := await self.receive():
+            parts.append(chunk)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        """Forget the stream; reset it if the response did not end (no await, no checkpoint)."""
+        self._conn._close_stream(self)
+
+    async def aclose(self) -> None:
+        self.close()
+        await self._conn.flush_soon()
+
+
+# --- one connection ------------------------------------------------------------------------
+
+
+class H2Connection:
+    """One HTTP/2 connection to ``host:port`` (TLS with ALPN ``h2``, or h2c).
+
+    ``connect`` replaces opening the TCP (and TLS) stream, e.g. with a memory stream in tests;
+    ``connection_window`` is the connection-level receive window we grant.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        tls: ssl.SSLContext | None,
+        authority: str,
+        base_headers: Sequence[tuple[bytes, bytes]] = (),
+        connect_timeout: float = 10.0,
+        ping_interval: float = 30.0,
+        connection_window: int = _CONNECTION_WINDOW,
+        connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
+    ) -> None:
+        self._host = host
+        self._window = connection_window
+        self._connect = connect
+        self._port = port
+        self._tls = tls
+        self._connect_timeout = connect_timeout
+        self._ping_interval = ping_interval
+        self._prefix = [
+            (b":scheme", b"https" if tls is not None else b"http"),
+            (b":authority", authority.encode()),
+        ]
+        self._base = list(base_headers)
+        config = h2.config.H2Configuration(
+            client_side=True,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+            validate_inbound_headers=False,
+            normalize_inbound_headers=False,
+        )
+        self._h2 = h2.connection.H2Connection(config)
+        self._h2.encoder = StatelessEncoder()  # type: ignore[assignment]
+        self._h2.state_machine = _DrainingStateMachine()
+        self._stream: trio.abc.Stream | None = None
+        self._streams: dict[int, H2Stream] = {}
+        self._connecting: trio.Event | None = None
+        self._writing = False
+        self._error: BaseException | None = None  # the connection failed: every op raises it
+        self._goaway: h2.events.ConnectionTerminated | None = None
+        self._window_waiters = trio.lowlevel.ParkingLot()
+        self._ping_outstanding = False
+        self._closed = False
+        self._idle_event: trio.Event | None = None
+
+    # --- state seen by the pool --------------------------------------------------------
+
+    @property
+    def usable(self) -> bool:
+        """True while new streams may go on this connection."""
+        return (
+            self._error is None
+            and self._goaway is None
+            and not self._closed
+            and self._h2.highest_outbound_stream_id < _MAX_STREAM_ID
+        )
+
+    @property
+    def open_streams(self) -> int:
+        return len(self._streams)
+
+    # --- connecting ----------------------------------------------------------------------
+
+    async def _ensure_connected(self) -> None:
+        if self._stream is not None:
+            return
+        if self._error is not None:
+            raise self._error
+        if self._connecting is not None:
+            await self._connecting.wait()
+            if self._error is not None:
+                raise self._error
+            return
+        self._connecting = trio.Event()
+        try:
+            self._stream = await (self._connect or self._open)()
+            self._h2.local_settings = h2.settings.Settings(
+                client=True,
+                initial_values={
+                    h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                    h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
+                    h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 65536,
+                },
+            )
+            self._h2.initiate_connection()
+            if self._window > 65535:
+                self._h2.increment_flow_control_window(self._window - 65535)
+            trio.lowlevel.spawn_system_task(self._read_loop, name=f"h2 reader {self._host}")
+            await self._flush()
+        except BaseException as exc:
+            if self._error is None:
+                self._error = exc if isinstance(exc, Exception) else httpx.ConnectError(repr(exc))
+            if self._stream is not None:
+                with trio.CancelScope(shield=True):
+                    await trio.aclose_forcefully(self._stream)
+            raise
+        finally:
+            self._connecting.set()
+
+    async def _open(self) -> trio.abc.Stream:
+        try:
+            with trio.fail_after(self._connect_timeout):
+                sock = await trio.open_tcp_stream(self._host, self._port)
+                if self._tls is None:
+                    return sock
+                stream = TLSStream(sock, self._tls, self._host)
+                try:
+                    await stream.do_handshake()
+                except BaseException:
+                    await trio.aclose_forcefully(stream)
+                    raise
+        except trio.TooSlowError as exc:
+            raise httpx.ConnectTimeout(f"connecting to {self._host}:{self._port}") from exc
+        except (OSError, trio.BrokenResourceError) as exc:
+            raise httpx.ConnectError(f"connecting to {self._host}:{self._port}: {exc!r}") from exc
+        if stream.selected_alpn_protocol() != "h2":
+            await trio.aclose_forcefully(stream)
+            raise H2NotNegotiated(
+                f"{self._host}:{self._port} did not negotiate HTTP/2 over TLS (ALPN "
+                f"{stream.selected_alpn_protocol()!r}): use the httpx client for it"
+            )
+        return stream
+
+    # --- requests ----------------------------------------------------------------------
+
+    async def request(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes | None,
+    ) -> H2Stream:
+        """Send one request; returns its stream once the request is handed to the socket.
+
+        The body is sent within the peer's flow-control windows (waiting for credit when it
+        is larger). Wait for the response with :meth:`H2Stream.receive_headers`.
+        """
+        await self._ensure_connected()
+        if self._error is not None:
+            raise self._error
+        if not self.usable:
+            # A GOAWAY arrived since the pool picked us: provably never sent.
+            raise httpx.ConnectError("the connection is closing (GOAWAY); not sent")
+        h = self._h2
+        sid = h.get_next_available_stream_id()
+        block = [(b":method", method), *self._prefix, (b":path", path), *self._base, *headers]
+        stream = H2Stream(self, sid)
+        self._streams[sid] = stream
+        try:
+            h.send_headers(sid, block, end_stream=not body)
+            stream._sent_all = not body
+            if body:
+                view = memoryview(body)
+                while view:
+                    window = min(h.local_flow_control_window(sid), h.max_outbound_frame_size)
+                    if window <= 0:
+                        await self._flush()
+                        await self._wait_window(stream)
+                        continue
+                    last = len(view) <= window
+                    h.send_data(sid, view[:window].tobytes(), end_stream=last)
+                    stream._sent_all = last
+                    view = view[window:]
+        except h2.exceptions.ProtocolError as exc:
+            self._streams.pop(sid, None)
+            raise httpx.LocalProtocolError(str(exc)) from exc
+        except BaseException:
+            self._close_stream(stream)
+            raise
+        await self._flush()
+        return stream
+
+    async def _wait_window(self, stream: H2Stream) -> None:
+        if stream._error is not None:
+            raise stream._error
+        if self._error is not None:
+            raise self._error
+        await self._window_waiters.park()
+
+    def _consumed(self, stream_id: int, flow: int) -> None:
+        if flow and self._error is None:
+            try:
+                self._h2.acknowledge_received_data(flow, stream_id)
+            except h2.exceptions.ProtocolError:
+                pass  # the stream closed meanwhile: h2 credited the connection itself
+
+    def _close_stream(self, stream: H2Stream) -> None:
+        sid = stream.stream_id
+        if self._streams.pop(sid, None) is None:
+            return
+        # Unread DATA still counts against the connection window: credit it back.
+        unread = sum(flow for _, flow in stream._chunks)
+        stream._chunks.clear()
+        if self._error is None:
+            try:
+                if unread:
+                    self._h2.acknowledge_received_data(unread, sid)
+                if (not stream._ended or not stream._sent_all) and stream._error is None:
+                    self._h2.reset_stream(sid, _CANCEL)
+            except h2.exceptions.ProtocolError:
+                pass  # closed on h2's side already (reset by the peer, or ended)
+        if not self._streams and self._idle_event is not None:
+            self._idle_event.set()
+
+    # --- writing -------------------------------------------------------------------------
+
+    async def flush_soon(self) -> None:
+        """Write pending frames (RST_STREAM, WINDOW_UPDATE); quiet if the connection failed."""
+        if self._stream is not None and self._error is None:
+            try:
+                await self._flush()
+            except httpx.HTTPError:
+                pass  # the connection failed: what was to be said no longer matters
+
+    async def _flush(self) -> None:
+        """Write h2's whole outbound buffer; a begun write completes (shielded, bounded)."""
+        if self._writing:
+            return  # the active writer loops until the buffer is empty, our bytes included
+        if self._error is not None:
+            raise self._error
+        stream = self._stream
+        if stream is None:
+            return
+        data = self._h2.data_to_send()
+        if not data:
+            return
+        self._writing = True
+        try:
+            with trio.CancelScope(
+                shield=True, deadline=trio.current_time() + WRITE_BOUND_SEC
+            ) as scope:
+                while data:
+                    await stream.send_all(data)
+                    data = self._h2.data_to_send()
+            if scope.cancelled_caught:
+                err: Exception = httpx.WriteTimeout(
+                    f"a socket write did not complete in {WRITE_BOUND_SEC:g} s"
+                )
+                self._fail(err)
+                raise err
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            err = httpx.WriteError(f"writing to {self._host}: {exc!r}")
+            err.__cause__ = exc
+            self._fail(err)
+            raise err from exc
+        finally:
+            self._writing = False
+
+    # --- reading -------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        stream = self._stream
+        assert stream is not None
+        try:
+            while not self._closed:
+                with trio.move_on_after(self._ping_interval) as scope:
+                    while True:
+                        data = await stream.receive_some(_READ_SIZE)
+                        if not data:
+                            raise httpx.RemoteProtocolError("Server disconnected")
+                        self._on_events(self._h2.receive_data(data))
+                        await self._flush_from_reader()
+                        if self._closed:
+                            return
+                        scope.deadline = trio.current_time() + self._ping_interval
+                if scope.cancelled_caught:
+                    if self._ping_outstanding:
+                        raise httpx.ReadError(
+                            f"no answer to a PING in {self._ping_interval:g} s: connection dead"
+                        )
+                    self._ping_outstanding = True
+                    self._h2.ping(b"trio-swe")
+                    await self._flush_from_reader()
+        except h2.exceptions.ProtocolError as exc:
+            err = httpx.RemoteProtocolError(f"HTTP/2 protocol error from the peer: {exc}")
+            err.__cause__ = exc
+            self._fail(err)
+        except httpx.HTTPError as exc:
+            self._fail(exc)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            if not self._closed:
+                err2 = httpx.ReadError(f"reading from {self._host}: {exc!r}")
+                err2.__cause__ = exc
+                self._fail(err2)
+        except Exception as exc:  # a bug must not kill the run from a system task
+            self._fail(httpx.RemoteProtocolError(f"HTTP/2 reader failed: {exc!r}"))
+        finally:
+            if self._error is None:
+                self._fail(httpx.RemoteProtocolError("Server disconnected"))
+            with trio.CancelScope(shield=True):
+                await _close_quietly(stream)
+
+    async def _flush_from_reader(self) -> None:
+        try:
+            await self._flush()
+        except httpx.HTTPError:
+            pass  # the connection is failed; the loop ends at its next read
+
+    def _on_events(self, events: list[h2.events.Event]) -> None:
+        streams = self._streams
+        for ev in events:
+            if isinstance(ev, h2.events.DataReceived):
+                s = streams.get(ev.stream_id)
+                if s is None:
+                    # Closed by us before its end: hand the window back.
+                    self._consumed(ev.stream_id, ev.flow_controlled_length or 0)
+                    continue
+                if ev.data:
+                    s._chunks.append((ev.data, ev.flow_controlled_length or 0))
+                    s._wake()
+                else:  # an empty (padding) DATA frame: b"" means the body's end to readers
+                    self._consumed(ev.stream_id, ev.flow_controlled_length or 0)
+            elif isinstance(ev, h2.events.ResponseReceived):
+                s = streams.get(ev.stream_id)
+                if s is not None:
+                    s._headers = ev.headers or []
+                    for k, v in s._headers:
+                        if k == b":status":
+                            s.status = int(v)
+                            break
+                    s._wake()
+            elif isinstance(ev, h2.events.StreamEnded):
+                s = streams.get(ev.stream_id)
+                if s is not None:
+                    s._ended = True
+                    if not s.status:
+                        s._error = httpx.RemoteProtocolError("stream ended without headers")
+                    s._wake()
+            elif isinstance(ev, h2.events.StreamReset):
+                s = streams.get(ev.stream_id)
+                if s is not None:
+                    s._error = H2StreamReset(ev)
+                    s._wake()
+                self._window_waiters.unpark_all()
+            elif isinstance(ev, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+                self._window_waiters.unpark_all()
+            elif isinstance(ev, h2.events.PingAckReceived):
+                self._ping_outstanding = False
+            elif isinstance(ev, h2.events.ConnectionTerminated):
+                self._on_goaway(ev)
+            elif isinstance(ev, h2.events.TrailersReceived):
+                pass  # Connect puts its trailer in the body; HTTP trailers carry nothing we use
+        self._ping_outstanding = False  # any frame proves the peer alive
+
+    def _on_goaway(self, ev: h2.events.ConnectionTerminated) -> None:
+        self._goaway = ev
+        last = ev.last_stream_id or 0
+        for sid, s in list(self._streams.items()):
+            if sid > last or ev.error_code:
+                # Above last-stream-id: never processed (retry-safe). With an error code the
+                # peer closes at once: those below fail too (the table says "maybe reached").
+                s._error = H2ConnectionTerminated(ev)
+                s._wake()
+        if ev.error_code or not self._streams:
+            return
+
+    def _fail(self, exc: BaseException) -> None:
+        if self._error is not None:
+            return
+        self._error = exc
+        goaway = self._goaway
+        for s in self._streams.values():
+            if s._error is None and not s._ended:
+                # After a GOAWAY the connection's end is the GOAWAY's (its last-stream-id rule).
+                s._error = H2ConnectionTerminated(goaway) if goaway is not None else exc
+                s._wake()
+        self._window_waiters.unpark_all()
+        if self._idle_event is not None:
+            self._idle_event.set()
+
+    # --- closing -------------------------------------------------------------------------
+
+    async def aclose(self, *, wait_idle: float = 0.0) -> None:
+        """Close: after its streams ended (up to ``wait_idle`` s), then GOAWAY and EOF."""
+        if self._closed:
+            return
+        if wait_idle > 0 and self._streams and self._error is None:
+            self._idle_event = trio.Event()
+            with trio.move_on_after(wait_idle):
+                await self._idle_event.wait()
+        self._closed = True
+        stream = self._stream
+        if stream is None:
+            return
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + 5.0):
+            if self._error is None:
+                try:
+                    self._h2.close_connection()
+                    await self._flush()
+                except (httpx.HTTPError, h2.exceptions.ProtocolError):
+                    pass
+            self._fail(httpx.RemoteProtocolError("connection closed by the client"))
+            await _close_quietly(stream)
+
+
+async def _close_quietly(stream: trio.abc.AsyncResource) -> None:
+    """Close without waiting for the peer; a socket already broken is closed all the same."""
+    try:
+        await trio.aclose_forcefully(stream)
+    except (OSError, trio.BrokenResourceError, trio.ClosedResourceError):
+        pass
+
+
+def split_origin(origin: str) -> tuple[str, str, int]:
+    """``(scheme, host, port)`` of ``scheme://host[:port]``."""
+    url = httpx.URL(origin)
+    scheme = url.scheme
+    port = url.port or (443 if scheme == "https" else 80)
+    return scheme, url.host, port
+
+
+def ping_interval_for(keepalive: float) -> float:
+    """PING a silent connection well after envd's own keepalives would have arrived."""
+    return max(10.0, 3 * keepalive) if math.isfinite(keepalive) else 30.0
