@@ -90,7 +90,9 @@ async def test_exec_and_wait_outlasts_any_count_of_failed_attempts() -> None:
             )
         assert (res.exit_code, res.reason) == (7, "exit"), res
         assert (await sb.read_file("/tmp/ran")) == b"x\n"
-        assert server.statistics().faults_injected.get("status", 0) >= 10
+        # More refusals than the 2-attempt policy allows (about 10 fit in the outage on an idle
+        # machine, 9 did at load 30): the call outlasted them all.
+        assert server.statistics().faults_injected.get("status", 0) >= 4
         assert backend.statistics().gave_up >= 2  # the exec layer did give up
 
 
