@@ -99,7 +99,9 @@ async def test_sandbox_dying_mid_command_is_an_infrastructure_error(server_backe
     ):
 
         async def reclaim() -> None:
-            await trio.sleep(0.5)
+            # Mid-command: once the server runs it (not after a guessed delay).
+            while not server.statistics().processes_running:  # noqa: ASYNC110 - server state
+                await trio.sleep(0.05)
             await server.kill_sandbox(sb.id)
 
         nursery.start_soon(reclaim)
