@@ -572,9 +572,9 @@ async def _run_on_ray(
     if len(results) <= SUMMARY_ROWS:
         console.print(_summary_table(results))
     console.print(_aggregate_table(results))
-    if stats["deaths"]:
+    if stats.deaths:
         console.print(
-            f"{stats['deaths']} worker(s) died; {stats['reruns']} episode(s) ran again elsewhere"
+            f"{stats.deaths} worker(s) died; {stats.reruns} episode(s) ran again elsewhere"
         )
     console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
     return _exit_code(console, results)

@@ -173,8 +173,8 @@ async def test_a_killed_worker_leaves_no_e2b_sandbox(ray_cluster: object, tmp_pa
             assert seen, "no worker held a sandbox when a result came in"
             elapsed = trio.current_time() - t_kill
             stats = pool.statistics()
-            assert (stats["deaths"], stats["reaps"]) == (1, 1), stats
-            assert stats["reruns"] >= 1, stats
+            assert (stats.deaths, stats.reaps) == (1, 1), stats
+            assert stats.reruns >= 1, stats
             # The reap ran before the reruns: the victim's sandboxes are gone, and not by their
             # TTL (none has been reclaimed by the server while the batch was shorter than it).
             assert not set(seen) & set(envd.live_sandbox_ids()), (seen, stats)

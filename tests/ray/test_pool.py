@@ -143,8 +143,8 @@ async def test_two_nodes_a_killed_worker_then_a_cancelled_driver(
         async with make_pool(tmp_path, server.url) as pool:
             assert len({w.info.node_id for w in pool.live_workers()}) == 2
             results = await run_killing_the_busiest_worker(pool, mds, killed)
-            assert pool.statistics()["deaths"] == 1
-            assert pool.statistics()["reruns"] >= 1
+            assert pool.statistics().deaths == 1
+            assert pool.statistics().reruns >= 1
             await assert_pool_clean(pool, tmp_path, killed)
             assert Counter(r.instance_id for r in results) == Counter(m.instance_id for m in mds)
             assert {r.instance_id: r.reward for r in results} == expected
@@ -199,7 +199,7 @@ async def test_a_lost_node_costs_its_episodes_time_only(ray_cluster: Any, tmp_pa
                     assert victim.running > 0
                     gone.add(victim.info.pid)
                     await trio.to_thread.run_sync(ray_cluster.remove_node, node)
-        assert pool.statistics()["deaths"] == 1
+        assert pool.statistics().deaths == 1
         await assert_pool_clean(pool, tmp_path, gone)
     assert Counter(r.instance_id for r in results) == Counter(m.instance_id for m in mds)
     assert {r.instance_id: r.reward for r in results} == {

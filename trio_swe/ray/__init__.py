@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in the t
 from ._env import RayOptions, shared_pool
 from ._leases import LeaseTable, LimiterStatistics
 from ._limiter import ClusterLimiter, LeasedBackend, LimiterClient, open_limiter
-from ._pool import WorkerPool, WorkerPoolError, WorkerView
+from ._pool import WorkerPool, WorkerPoolError, WorkerPoolStatistics, WorkerView
 from ._worker import RolloutWorker, WorkerInfo, WorkerStatistics
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerPool",
     "WorkerPoolError",
+    "WorkerPoolStatistics",
     "WorkerStatistics",
     "WorkerView",
     "open_limiter",

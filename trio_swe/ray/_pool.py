@@ -58,6 +58,18 @@ CANCEL_TIMEOUT_SEC = 60.0
 REAP_TIMEOUT_SEC = 60.0
 
 
+class WorkerPoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What :meth:`WorkerPool.statistics` returns: a frozen snapshot, as trio's are."""
+
+    live: int  #: workers ready for episodes
+    starting: int  #: workers being created (a replacement, or the first ones)
+    running: int  #: episodes in flight across the workers
+    deaths: int  #: workers lost (node loss, OOM, ray.kill)
+    reruns: int  #: episodes run again because their worker died
+    reaps: int  #: dead workers whose E2B sandboxes were listed and killed
+    reaped: int  #: sandboxes those reaps killed
+
+
 class WorkerPoolError(TrioSweError):
     """The pool cannot run episodes: no worker is alive, or a worker failed to start."""
 
@@ -640,18 +652,17 @@ class WorkerPool:
         raw: bytes = await wait_ref(self._limiter.statistics.remote())
         return msgspec.msgpack.decode(raw, type=LimiterStatistics)
 
-    def statistics(self) -> Mapping[str, int]:
-        """``live``/``starting`` workers, ``running`` episodes, worker ``deaths``, ``reruns``,
-        ``reaps`` of dead workers' sandboxes done and the sandboxes they killed (``reaped``)."""
-        return {
-            "live": sum(1 for w in self._workers if w.state == "live"),
-            "starting": sum(1 for w in self._workers if w.state == "starting"),
-            "running": sum(w.running for w in self._workers),
-            "deaths": self.deaths,
-            "reruns": self.reruns,
-            "reaps": self.reaps,
-            "reaped": self.reaped,
-        }
+    def statistics(self) -> WorkerPoolStatistics:
+        """A snapshot of the pool's workers and what befell them (see the struct's fields)."""
+        return WorkerPoolStatistics(
+            live=sum(1 for w in self._workers if w.state == "live"),
+            starting=sum(1 for w in self._workers if w.state == "starting"),
+            running=sum(w.running for w in self._workers),
+            deaths=self.deaths,
+            reruns=self.reruns,
+            reaps=self.reaps,
+            reaped=self.reaped,
+        )
 
     async def _call_async(self, fn: Callable[[], Awaitable[T]]) -> T:
         if _in_asyncio():

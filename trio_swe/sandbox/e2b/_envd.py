@@ -15,7 +15,7 @@ import math
 import random
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, Final, TypeVar
+from typing import Final, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -378,6 +378,3 @@ class EnvdClient:
         if resp.status == 416:
             return b"", False
         return resp.content, resp.over
-
-    def statistics(self) -> dict[str, Any]:
-        return {"rpcs": self.rpcs, "resets": self.resets}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import random
 import uuid
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import quote, urlencode
 
 from . import _connect, _wire
@@ -171,6 +170,3 @@ class RestClient:
             idempotent=True,
         )
         return _wire.decode(resp.content, _wire.SandboxInfo)
-
-    def statistics(self) -> dict[str, Any]:
-        return {"rpcs": self.rpcs}
