@@ -32,6 +32,28 @@ def _assert_no_sandboxes(tmp_path: Path) -> None:
     assert sorted(state.glob("sb-*")) == []
 
 
+async def _signal_run(
+    cmd: list[str], tmp_path: Path, *, after: bytes, signum: int
+) -> tuple[trio.Process, bytes]:
+    """Start ``trio-swe run``, send ``signum`` once its output shows ``after``, await the exit."""
+    async with trio.open_nursery() as nursery:
+        proc: trio.Process = await nursery.start(
+            partial(trio.run_process, cmd, env=_env(tmp_path), stdout=subprocess.PIPE, check=False)
+        )
+        assert proc.stdout is not None
+        seen = b""
+        while after not in seen:
+            chunk = await proc.stdout.receive_some()
+            assert chunk, seen.decode()
+            seen += chunk
+        proc.send_signal(signum)
+        with trio.fail_after(120):
+            while chunk := await proc.stdout.receive_some():
+                seen += chunk
+            await proc.wait()
+    return proc, seen
+
+
 @pytest.mark.slow
 async def test_demo_runs_end_to_end(tmp_path: Path) -> None:
     result = await trio.run_process(
@@ -66,21 +88,7 @@ async def test_run_interrupted_then_resumed_loses_nothing(tmp_path: Path) -> Non
             "--eval-timeout", "60",
         ]  # fmt: skip
         # First run: interrupt it (Ctrl-C) as soon as one episode has finished.
-        async with trio.open_nursery() as nursery:
-            proc: trio.Process = await nursery.start(
-                partial(
-                    trio.run_process, cmd, env=_env(tmp_path), stdout=subprocess.PIPE, check=False
-                )
-            )
-            assert proc.stdout is not None
-            seen = b""
-            while b"\ndone " not in b"\n" + seen:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, seen.decode()
-                seen += chunk
-            proc.send_signal(signal.SIGINT)
-            with trio.fail_after(60):
-                await proc.wait()
+        proc, _ = await _signal_run(cmd, tmp_path, after=b"\ndone ", signum=signal.SIGINT)
         assert proc.returncode == 130
         first, _ = read_results(out)
         assert 1 <= len(first) < 8
@@ -117,23 +125,9 @@ async def test_sigterm_cancels_the_run_cleanly(tmp_path: Path) -> None:
             "--policy-url", server.url, "--concurrency", "2", "--agent-budget", "8",
             "--eval-timeout", "60",
         ]  # fmt: skip
-        async with trio.open_nursery() as nursery:
-            proc: trio.Process = await nursery.start(
-                partial(
-                    trio.run_process, cmd, env=_env(tmp_path), stdout=subprocess.PIPE, check=False
-                )
-            )
-            assert proc.stdout is not None
-            seen = b""
-            while b"episodes to run" not in seen:
-                chunk = await proc.stdout.receive_some()
-                assert chunk, seen.decode()
-                seen += chunk
-            proc.send_signal(signal.SIGTERM)
-            with trio.fail_after(120):
-                while chunk := await proc.stdout.receive_some():
-                    seen += chunk
-                await proc.wait()
+        proc, seen = await _signal_run(
+            cmd, tmp_path, after=b"episodes to run", signum=signal.SIGTERM
+        )
     assert proc.returncode == 143, seen.decode()
     assert b"interrupted: cleaning up" in seen
     assert b"rerun the same command to resume" in seen
