@@ -20,8 +20,15 @@ import pytest
 import trio
 import trio.testing
 
-from trio_swe.sandbox.e2b._h2conn import H2Connection, H2ConnectionTerminated, H2StreamReset
-from trio_swe.sandbox.e2b._retry import STREAM_ID_ATTR, classify
+from trio_swe.sandbox.e2b import _connect, _wire
+from trio_swe.sandbox.e2b._envd import EventStream, _await_headers
+from trio_swe.sandbox.e2b._h2conn import (
+    H2Connection,
+    H2ConnectionTerminated,
+    H2StreamReset,
+    _readable,
+)
+from trio_swe.sandbox.e2b._retry import STREAM_ID_ATTR, StreamSilent, classify
 
 
 class Peer:
@@ -66,6 +73,10 @@ class Peer:
         for i, chunk in enumerate(chunks):
             if chunk or end:
                 self.h2.send_data(sid, chunk, end_stream=end and i == len(chunks) - 1)
+        await self.flush()
+
+    async def respond_data(self, sid: int, body: bytes) -> None:
+        self.h2.send_data(sid, body)
         await self.flush()
 
 
@@ -204,3 +215,187 @@ async def test_empty_data_frames_do_not_end_the_body() -> None:
         await peer.flush()
         await s.receive_headers()
         assert await s.read_all() == b"ab"
+
+
+# --- silence is measured per connection (the 1,000-sandbox congestion collapse) ------------
+#
+# A stream's idle watchdog firing proves nothing alone: a starved event loop reads its sockets
+# late and every stream looks silent at once. Before a stream is declared dead the connection
+# syncs with the peer (a PING, answered after every frame sent before it); only a stream still
+# silent then is lost (StreamSilent: the connection stays in use), and a silent connection is
+# the connection's own liveness check's to fail, once for all its streams.
+
+IDLE = 3.5
+
+
+def _event(**kw: object) -> bytes:
+    return _connect.encode_envelope(
+        _wire.encode(_wire.StartResponse(event=_wire.ProcessEvent(**kw)))  # type: ignore[arg-type]
+    )
+
+
+_KEEPALIVE = _event(keepalive=_wire.KeepAlive())
+
+
+async def _started(conn: H2Connection, peer: Peer, n: int = 1) -> list[EventStream]:
+    """``n`` streams with their headers and a first event read."""
+    streams = []
+    for _ in range(n):
+        s = await conn.request(b"POST", b"/process.Process/Start", [], b"x")
+        await peer.until(h2.events.StreamEnded, s.stream_id)
+        await peer.respond(s.stream_id, _event(start=_wire.StartEvent(pid=1)), end=False)
+        await s.receive_headers()
+        events = EventStream(s, IDLE)
+        assert (await events.next_event()).start is not None  # type: ignore[union-attr]
+        streams.append(events)
+    return streams
+
+
+async def _ping_from(peer: Peer) -> bytes:
+    """Read until the client's next PING; return its data (h2 queued the ACK, unsent)."""
+    while True:
+        data = await peer.stream.receive_some(65536)
+        assert data, "the client closed the connection"
+        for ev in peer.h2.receive_data(data):
+            if isinstance(ev, h2.events.PingReceived):
+                return ev.ping_data
+
+
+async def test_a_stream_whose_frames_come_before_the_sync_answer_is_not_idle(
+    clock: trio.testing.MockClock,
+) -> None:
+    # The reader was behind: the stream's keepalive was on its way when the watchdog fired.
+    async with pair(ping_interval=100.0) as (conn, peer):
+        (events,) = await _started(conn, peer)
+        result: list[object] = []
+
+        async def read() -> None:
+            result.append(await events.next_event())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            t0 = trio.current_time()
+            assert (await _ping_from(peer)).startswith(b"sync")
+            assert trio.current_time() - t0 >= IDLE
+            ack = peer.h2.data_to_send()  # the ACK h2 queued: send the stream's frame first
+            peer.h2.send_data(1, _KEEPALIVE)
+            await peer.stream.send_all(peer.h2.data_to_send() + ack)
+        assert isinstance(result[0], _wire.ProcessEvent)
+        assert result[0].keepalive is not None
+        assert conn.usable
+        # And the stream goes on: a later event is read as usual.
+        await peer.respond_data(1, _event(end=_wire.EndEvent(exited=True)))
+        assert (await events.next_event()).end is not None  # type: ignore[union-attr]
+
+
+async def test_a_stream_silent_on_a_live_connection_is_lost_alone(
+    clock: trio.testing.MockClock,
+) -> None:
+    # The connection keeps hearing another stream's keepalives and answers the sync PING: the
+    # silence is the stream's own. It fails as stream_silent, the connection stays in use.
+    async with pair(ping_interval=100.0) as (conn, peer):
+        silent, busy = await _started(conn, peer, 2)
+        done = trio.Event()
+
+        async def chatter() -> None:
+            while not done.is_set():
+                await peer.respond_data(3, _KEEPALIVE)
+                await busy.next_event()
+                with trio.move_on_after(1.0):
+                    await peer.until(h2.events.PingReceived)  # h2 acks it
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(chatter)
+            t0 = trio.current_time()
+            with pytest.raises(StreamSilent) as info:
+                await silent.next_event()
+            done.set()
+        assert trio.current_time() - t0 >= IDLE
+        failure = classify(info.value)
+        assert (failure.kind, failure.transient, failure.reset_pool) == (
+            "stream_silent",
+            True,
+            False,
+        )
+        assert conn.usable
+
+
+async def test_a_silent_connection_fails_all_its_streams_once(
+    clock: trio.testing.MockClock,
+) -> None:
+    # Nothing at all comes back: the streams' watchdogs share one sync PING (no storm of them),
+    # and the connection is failed after ping_timeout without an answer; every stream gets that
+    # one connection failure (the pool retires one connection, not one per stream).
+    async with pair(ping_interval=100.0, ping_timeout=5.0) as (conn, peer):
+        streams = await _started(conn, peer, 4)
+        errors: list[BaseException] = []
+
+        async def read(events: EventStream) -> None:
+            try:
+                await events.next_event()
+            except Exception as exc:
+                errors.append(exc)
+
+        t0 = trio.current_time()
+        pings = 0
+        async with trio.open_nursery() as nursery:
+
+            async def count_pings() -> None:
+                nonlocal pings
+                while True:
+                    data = await peer.stream.receive_some(65536)
+                    if not data:
+                        return
+                    for ev in peer.h2.receive_data(data):
+                        pings += isinstance(ev, h2.events.PingReceived)
+                    peer.h2.clear_outbound_data_buffer()  # never answer
+
+            nursery.start_soon(count_pings)
+            with trio.fail_after(60):
+                async with trio.open_nursery() as readers:
+                    for events in streams:
+                        readers.start_soon(read, events)
+            nursery.cancel_scope.cancel()
+        assert trio.current_time() - t0 >= IDLE + 5.0
+        assert pings == 1
+        assert all(isinstance(e, httpx.ReadError) and "PING" in str(e) for e in errors)
+        assert len({id(e) for e in errors}) == 1
+        assert classify(errors[0]).reset_pool
+        assert not conn.usable
+
+
+async def test_headers_late_behind_the_reader_are_waited_for(
+    clock: trio.testing.MockClock,
+) -> None:
+    # The response headers' watchdog syncs with the peer as well before giving up.
+    async with pair(ping_interval=100.0) as (conn, peer):
+        s = await conn.request(b"POST", b"/process.Process/Start", [], b"x")
+        await peer.until(h2.events.StreamEnded, s.stream_id)
+        status: list[int] = []
+
+        async def wait() -> None:
+            status.append(await _await_headers(s, trio.current_time() + IDLE))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(wait)
+            assert (await _ping_from(peer)).startswith(b"sync")
+            ack = peer.h2.data_to_send()
+            peer.h2.send_headers(s.stream_id, [(b":status", b"200")])
+            await peer.stream.send_all(peer.h2.data_to_send() + ack)
+        assert status == [200]
+        # Without the headers before the answer: 0 (the caller raises "no response headers").
+        s2 = await conn.request(b"POST", b"/process.Process/Start", [], b"x")
+        await peer.until(h2.events.StreamEnded, s2.stream_id)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(peer.until, h2.events.PingReceived)  # h2 answers it
+            assert await _await_headers(s2, trio.current_time() + IDLE) == 0
+
+
+async def test_readable_sees_bytes_waiting_on_the_socket() -> None:
+    a, b = trio.socket.socketpair()
+    with a, b:
+        stream = trio.SocketStream(a)
+        assert not _readable(stream)
+        await b.send(b"x")  # on a socketpair, readable once sent
+        assert _readable(stream)
+    assert not _readable(trio.testing.memory_stream_pair()[0])

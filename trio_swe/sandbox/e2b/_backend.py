@@ -18,7 +18,7 @@ from .._images import ImageMap, ImageSource
 from .._types import BackendStatistics, SandboxSpec
 from . import _connect
 from ._envd import ENVD_PORT, EnvdClient
-from ._h2conn import ping_interval_for
+from ._h2conn import ping_interval_for, ping_timeout_for
 from ._h2pool import H2Pool
 from ._pool import (
     DEFAULT_MAX_CONNECTIONS,
@@ -203,6 +203,7 @@ class E2BBackend(trio.abc.AsyncResource):
                     max_connections=self._max_conns,
                     headers={"user-agent": _USER_AGENT},
                     ping_interval=ping_interval_for(self._keepalive),
+                    ping_timeout=ping_timeout_for(self._keepalive),
                 )
             else:
                 pool = ConnectionPool(

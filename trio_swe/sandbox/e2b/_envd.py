@@ -29,6 +29,7 @@ from ._retry import (
     RetryPolicy,
     RetryStats,
     StreamIdleTimeout,
+    StreamSilent,
     classify,
 )
 
@@ -83,16 +84,37 @@ class EventStream:
                 return None
             chunk = self._ex.receive_nowait()  # no watchdog scope for what is already here
             if chunk is None:
-                with trio.move_on_after(self._idle):
-                    chunk = await self._ex.receive()
+                chunk = await self._receive_watched()
             else:
                 await trio.lowlevel.checkpoint_if_cancelled()
-            if chunk is None:
-                raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
             if not chunk:
                 self._decoder.check_complete()
                 raise _connect.ProtocolError("stream ended without an end-of-stream message")
             self._pending = self._decoder.feed(chunk)
+
+    async def _receive_watched(self) -> bytes:
+        """The next chunk; raises once the stream (not its connection) was silent too long.
+
+        The watchdog firing proves nothing by itself: a starved event loop reads its sockets
+        late, and then every stream looks silent at once. So the connection syncs with the
+        peer first (:meth:`~._pool.Exchange.silent_since`); only a stream still silent after
+        everything the peer sent has been read is dead. A dead connection is the connection's
+        own liveness check's to find (one failure for all its streams, not one per stream).
+        """
+        ex = self._ex
+        while True:
+            news = ex.news
+            deadline = trio.current_time() + self._idle
+            with trio.move_on_at(deadline):
+                return await ex.receive()
+            if await ex.silent_since(news, deadline):
+                if ex.confirms_silence:
+                    raise StreamSilent(f"stream silent for {self._idle:.1f} s on a live connection")
+                raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
+            chunk = ex.receive_nowait()
+            if chunk is not None:
+                return chunk
+            # Otherwise the news was a failure: the next receive() raises it.
 
     async def _drain(self) -> None:
         """Read the body to its end after the end-of-stream message (normally nothing is left).
@@ -111,6 +133,22 @@ class EventStream:
                     pass
             except (httpx.TransportError, httpx.StreamError):
                 pass
+
+
+async def _await_headers(ex: Exchange, due: float) -> int:
+    """The response status, or 0 when none came by ``due`` while the connection kept up.
+
+    As :meth:`EventStream._receive_watched`: past ``due`` the connection syncs with the peer
+    before the silence is believed.
+    """
+    while not ex.status:
+        news = ex.news
+        with trio.move_on_at(due):
+            await ex.receive_headers()
+            break
+        if await ex.silent_since(news, due):
+            break
+    return ex.status
 
 
 class EnvdClient:
@@ -248,16 +286,17 @@ class EnvdClient:
         try:
             # Response headers come once envd started the process: give a loaded sandbox
             # more time than a silent stream gets.
-            with trio.CancelScope(
-                shield=shield,
-                deadline=min(trio.current_time() + self.headers_timeout, not_after),
-            ):
+            due = trio.current_time() + self.headers_timeout
+            with trio.CancelScope(shield=shield, deadline=min(due, not_after)):
                 ex = await self.pool.open(b"POST", req.path.encode(), headers, req.body)
                 stream_id = ex.stream_id
-                await ex.receive_headers()
+            if ex is not None:
+                with trio.CancelScope(shield=shield, deadline=not_after):
+                    status = await _await_headers(ex, due)
                 stream_id = ex.stream_id
-                status = ex.status
             if ex is None or not status:
+                if ex is not None and ex.confirms_silence and trio.current_time() < not_after:
+                    raise StreamSilent("no response headers, on a live connection")
                 raise StreamIdleTimeout("no response headers")
             if status != 200:
                 body = await ex.read_all()

@@ -24,6 +24,7 @@ retry table (:mod:`._retry`) classifies both transports alike.
 from __future__ import annotations
 
 import math
+import select
 import ssl
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
@@ -248,6 +249,7 @@ class H2Stream:
         "_ended",
         "_error",
         "_headers",
+        "_news",
         "_sent_all",
         "_waiter",
         "status",
@@ -264,6 +266,24 @@ class H2Stream:
         self._sent_all = False  # our END_STREAM went into h2's buffer
         self._error: BaseException | None = None
         self._waiter: trio.lowlevel.Task | None = None
+        self._news = 0  # frames (or the connection's failure) seen for this stream
+
+    #: :meth:`silent_since` proves a silence (the :class:`~._pool.Exchange` flag).
+    confirms_silence: Final = True
+
+    @property
+    def news(self) -> int:
+        """A count that grows with every frame received for this stream, and on failure."""
+        return self._news
+
+    async def silent_since(self, news: int, sent_after: float = -math.inf) -> bool:
+        """True when nothing arrived for this stream since :attr:`news` was ``news``, although
+        the connection has read everything the peer sent before a PING sent at or after
+        ``sent_after`` (see :meth:`H2Connection.sync`); False when something did (read again).
+        """
+        if self._news == news:
+            await self._conn.sync(sent_after)
+        return self._news == news
 
     def header(self, name: str) -> str | None:
         """The first response header called ``name`` (lowercase), decoded as latin-1."""
@@ -274,6 +294,7 @@ class H2Stream:
         return None
 
     def _wake(self) -> None:
+        self._news += 1
         task = self._waiter
         if task is not None:
             self._waiter = None
@@ -343,7 +364,9 @@ class H2Connection:
     """One HTTP/2 connection to ``host:port`` (TLS with ALPN ``h2``, or h2c).
 
     ``connect`` replaces opening the TCP (and TLS) stream, e.g. with a memory stream in tests;
-    ``connection_window`` is the connection-level receive window we grant.
+    ``connection_window`` is the connection-level receive window we grant. Liveness: a
+    connection that heard nothing for ``ping_interval`` gets a PING; one that hears nothing at
+    all for ``ping_timeout`` (default: ``ping_interval``) after a PING is failed.
     """
 
     def __init__(
@@ -356,6 +379,7 @@ class H2Connection:
         base_headers: Sequence[tuple[bytes, bytes]] = (),
         connect_timeout: float = 10.0,
         ping_interval: float = 30.0,
+        ping_timeout: float | None = None,
         connection_window: int = _CONNECTION_WINDOW,
         connect: Callable[[], Awaitable[trio.abc.Stream]] | None = None,
     ) -> None:
@@ -389,7 +413,15 @@ class H2Connection:
         self._error: BaseException | None = None  # the connection failed: every op raises it
         self._goaway: h2.events.ConnectionTerminated | None = None
         self._window_waiters = trio.lowlevel.ParkingLot()
-        self._ping_outstanding = False
+        self._ping_timeout = ping_interval if ping_timeout is None else ping_timeout
+        #: When the reader last got bytes from the peer (``trio.current_time()``).
+        self.heard_at = -math.inf
+        #: When the oldest PING not followed by any frame was sent (None: none is).
+        self._ping_sent_at: float | None = None
+        #: Sync PINGs in flight: opaque data -> (sent at, set on its ack or on failure).
+        self._syncs: dict[bytes, tuple[float, trio.Event]] = {}
+        self._sync_serial = 0
+        self._reader_scope: trio.CancelScope | None = None
         self._closed = False
         self._idle_event: trio.Event | None = None
 
@@ -601,26 +633,40 @@ class H2Connection:
     async def _read_loop(self) -> None:
         stream = self._stream
         assert stream is not None
+        self.heard_at = trio.current_time()
+        grace = -math.inf
         try:
             while not self._closed:
-                with trio.move_on_after(self._ping_interval) as scope:
+                deadline = max(self._liveness_deadline(), grace)
+                with trio.CancelScope(deadline=deadline) as scope:
+                    self._reader_scope = scope
                     while True:
                         data = await stream.receive_some(_READ_SIZE)
                         if not data:
                             raise httpx.RemoteProtocolError("Server disconnected")
+                        self.heard_at = trio.current_time()
+                        self._ping_sent_at = None  # any frame proves the peer alive
                         self._on_events(self._h2.receive_data(data))
                         await self._flush_from_reader()
                         if self._closed:
                             return
-                        scope.deadline = trio.current_time() + self._ping_interval
-                if scope.cancelled_caught:
-                    if self._ping_outstanding:
-                        raise httpx.ReadError(
-                            f"no answer to a PING in {self._ping_interval:g} s: connection dead"
-                        )
-                    self._ping_outstanding = True
-                    self._h2.ping(b"trio-swe")
+                        scope.deadline = self.heard_at + self._ping_interval
+                self._reader_scope = None
+                if not scope.cancelled_caught:
+                    continue
+                if _readable(stream):
+                    # The timer won a race with the peer's bytes (a late-running loop): read
+                    # them before judging the peer.
+                    grace = trio.current_time() + 1.0
+                    continue
+                grace = -math.inf
+                if self._ping_sent_at is None:
+                    self._send_ping(b"trio-swe")
                     await self._flush_from_reader()
+                elif trio.current_time() >= self._ping_sent_at + self._ping_timeout:
+                    raise httpx.ReadError(
+                        f"no answer to a PING in {self._ping_timeout:g} s: connection dead"
+                    )
         except h2.exceptions.ProtocolError as exc:
             err = httpx.RemoteProtocolError(f"HTTP/2 protocol error from the peer: {exc}")
             err.__cause__ = exc
@@ -635,10 +681,50 @@ class H2Connection:
         except Exception as exc:  # a bug must not kill the run from a system task
             self._fail(httpx.RemoteProtocolError(f"HTTP/2 reader failed: {exc!r}"))
         finally:
+            self._reader_scope = None
             if self._error is None:
                 self._fail(httpx.RemoteProtocolError("Server disconnected"))
             with trio.CancelScope(shield=True):
                 await _close_quietly(stream)
+
+    def _liveness_deadline(self) -> float:
+        if self._ping_sent_at is not None:
+            return self._ping_sent_at + self._ping_timeout
+        return self.heard_at + self._ping_interval
+
+    def _send_ping(self, opaque: bytes) -> None:
+        self._h2.ping(opaque)
+        if self._ping_sent_at is None:
+            self._ping_sent_at = trio.current_time()
+            if self._reader_scope is not None:
+                self._reader_scope.deadline = self._liveness_deadline()
+
+    async def sync(self, sent_after: float = -math.inf) -> None:
+        """Return once everything the peer sent before now has been read.
+
+        A PING's answer comes after every frame the peer sent before it, so this waits for the
+        answer to a PING sent now (or to one in flight that was sent at or after
+        ``sent_after``). Streams that are silent for long use it to tell "the stream is silent"
+        from "the connection (or we, on a starved event loop) are behind": silence is then
+        measured per connection, whose own liveness (:attr:`heard_at`, PING) decides whether it
+        is dead. Returns at once if the connection failed (or never connected); never raises
+        but for cancellation.
+        """
+        if self._error is not None or self._stream is None or self._closed:
+            return
+        waiter: trio.Event | None = None
+        for at, event in self._syncs.values():
+            if at >= sent_after:
+                waiter = event  # a PING in flight that was sent late enough: share its answer
+                break
+        if waiter is None:
+            self._sync_serial += 1
+            opaque = b"sync" + self._sync_serial.to_bytes(4, "big")
+            waiter = trio.Event()
+            self._syncs[opaque] = (trio.current_time(), waiter)
+            self._send_ping(opaque)
+            await self.flush_soon()
+        await waiter.wait()
 
     async def _flush_from_reader(self) -> None:
         try:
@@ -685,12 +771,13 @@ class H2Connection:
             elif isinstance(ev, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
                 self._window_waiters.unpark_all()
             elif isinstance(ev, h2.events.PingAckReceived):
-                self._ping_outstanding = False
+                done = self._syncs.pop(ev.ping_data or b"", None)
+                if done is not None:
+                    done[1].set()
             elif isinstance(ev, h2.events.ConnectionTerminated):
                 self._on_goaway(ev)
             elif isinstance(ev, h2.events.TrailersReceived):
                 pass  # Connect puts its trailer in the body; HTTP trailers carry nothing we use
-        self._ping_outstanding = False  # any frame proves the peer alive
 
     def _on_goaway(self, ev: h2.events.ConnectionTerminated) -> None:
         self._goaway = ev
@@ -715,6 +802,9 @@ class H2Connection:
                 s._error = H2ConnectionTerminated(goaway) if goaway is not None else exc
                 s._wake()
         self._window_waiters.unpark_all()
+        for _, event in self._syncs.values():
+            event.set()
+        self._syncs.clear()
         if self._idle_event is not None:
             self._idle_event.set()
 
@@ -751,6 +841,19 @@ async def _close_quietly(stream: trio.abc.AsyncResource) -> None:
         pass
 
 
+def _readable(stream: trio.abc.Stream) -> bool:
+    """True when the socket under ``stream`` has bytes (or EOF) waiting; False if unknown."""
+    inner = stream._sock if isinstance(stream, TLSStream) else stream
+    if not isinstance(inner, trio.SocketStream):
+        return False
+    try:
+        poller = select.poll()
+        poller.register(inner.socket.fileno(), select.POLLIN)
+        return bool(poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # closed, or no poll() on this platform
+        return False
+
+
 def split_origin(origin: str) -> tuple[str, str, int]:
     """``(scheme, host, port)`` of ``scheme://host[:port]``."""
     url = httpx.URL(origin)
@@ -762,3 +865,9 @@ def split_origin(origin: str) -> tuple[str, str, int]:
 def ping_interval_for(keepalive: float) -> float:
     """PING a silent connection well after envd's own keepalives would have arrived."""
     return max(10.0, 3 * keepalive) if math.isfinite(keepalive) else 30.0
+
+
+def ping_timeout_for(keepalive: float) -> float:
+    """A connection that carries envd streams hears a keepalive every ``keepalive`` s: one
+    silent for twice that after a PING is dead (never less than 5 s, for a loaded peer)."""
+    return max(5.0, 2 * keepalive) if math.isfinite(keepalive) else 30.0

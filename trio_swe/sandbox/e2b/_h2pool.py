@@ -56,6 +56,16 @@ class H2Exchange:
     def receive_nowait(self) -> bytes | None:
         return self.stream.receive_nowait()
 
+    #: :meth:`silent_since` proves a silence (the connection read all the peer sent).
+    confirms_silence = True
+
+    @property
+    def news(self) -> int:
+        return self.stream.news
+
+    async def silent_since(self, news: int, sent_after: float) -> bool:
+        return await self.stream.silent_since(news, sent_after)
+
     async def read_all(self) -> bytes:
         return await self.stream.read_all()
 
@@ -77,8 +87,9 @@ class H2Pool:
         max_connections: cap of connections.
         headers: sent with every request (``user-agent``...).
         connect_timeout: seconds to open a connection.
-        ping_interval: a connection silent this long gets a PING; no answer in as long again
-            fails it.
+        ping_interval: a connection silent this long gets a PING.
+        ping_timeout: a connection that hears nothing for this long after a PING is failed
+            (default: ``ping_interval``).
     """
 
     def __init__(
@@ -91,6 +102,7 @@ class H2Pool:
         headers: dict[str, str] | None = None,
         connect_timeout: float = 10.0,
         ping_interval: float = 30.0,
+        ping_timeout: float | None = None,
     ) -> None:
         if streams_per_connection < 1 or max_connections < 1:
             raise ValueError("streams_per_connection and max_connections must be >= 1")
@@ -111,6 +123,7 @@ class H2Pool:
         self._max_conns = max_connections
         self._connect_timeout = connect_timeout
         self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
         self._lanes: list[_Lane] = []
         self._retired: list[_Lane] = []
         self._in_use = 0
@@ -133,6 +146,7 @@ class H2Pool:
             base_headers=self._base,
             connect_timeout=self._connect_timeout,
             ping_interval=self._ping_interval,
+            ping_timeout=self._ping_timeout,
         )
         lane = _Lane(conn)
         self._lanes.append(lane)

@@ -125,7 +125,8 @@ class Exchange(Protocol):
     HTTP/2 stream id when known (for the GOAWAY rule of the retry table).
     """
 
-    stream_id: int | None
+    @property
+    def stream_id(self) -> int | None: ...
 
     @property
     def status(self) -> int: ...
@@ -143,6 +144,23 @@ class Exchange(Protocol):
     async def read_all(self) -> bytes: ...
 
     async def aclose(self) -> None: ...
+
+    @property
+    def confirms_silence(self) -> bool:
+        """True when :meth:`silent_since` can prove a stream silent on a live connection;
+        False when it cannot tell (httpx): a watchdog then takes silence at face value."""
+        ...
+
+    @property
+    def news(self) -> int:
+        """A count that grows with each frame received for this stream (0 if not tracked)."""
+        ...
+
+    async def silent_since(self, news: int, sent_after: float) -> bool:
+        """Nothing arrived since :attr:`news` was ``news``, although everything the peer sent
+        before a PING sent at or after ``sent_after`` has been read (the silence is the
+        stream's, not a connection or event loop that is behind)."""
+        ...
 
 
 class Transport(Protocol):
@@ -195,6 +213,12 @@ class HttpxExchange:
 
     def receive_nowait(self) -> bytes | None:
         return None
+
+    confirms_silence = False
+    news = 0
+
+    async def silent_since(self, news: int, sent_after: float) -> bool:
+        return True  # httpcore gives no way to sync with the peer: silence is taken as it is
 
     async def read_all(self) -> bytes:
         parts = []

@@ -45,6 +45,16 @@ class StreamIdleTimeout(httpx.ReadTimeout):
     """
 
 
+class StreamSilent(StreamIdleTimeout):
+    """A stream sent nothing for too long while its connection provably kept up.
+
+    The HTTP/2 client syncs with the peer (a PING, whose answer follows every frame sent
+    before it) before raising this: the connection is alive and read up, so only this stream
+    is lost and the connection stays in use. (A plain :class:`StreamIdleTimeout` cannot tell a
+    silent stream from a silent connection, or from a starved event loop reading late.)
+    """
+
+
 class Failure(msgspec.Struct, frozen=True):
     """How one failure is handled.
 
@@ -128,6 +138,8 @@ _TABLE: Final[list[tuple[str, tuple[type[BaseException], ...], bool, bool, bool]
     # A raw h2 error from a response body (bad header block, frames on a closed connection).
     ("h2_protocol", (h2.exceptions.ProtocolError,), True, True, True),
     # Sent, maybe processed.
+    # Silent while its connection kept up: the stream alone is lost.
+    ("stream_silent", (StreamSilent,), True, True, False),
     # A silent stream may be a silent connection: put no new streams on it.
     ("stream_idle", (StreamIdleTimeout,), True, True, True),
     ("read_timeout", (httpx.ReadTimeout,), True, True, False),
