@@ -171,6 +171,8 @@ def _profile_report(prof: Any, calls: int) -> None:
     import pstats
 
     stats = pstats.Stats(prof, stream=sys.stderr)
+    if dump := os.environ.get("TRIO_SWE_BENCH_PROFILE_DUMP"):  # for pstats/snakeviz: a prefix
+        stats.dump_stats(f"{dump}-{os.getpid()}.pstats")
     fams: dict[str, float] = {}
     total = 0.0
     for (path, _line, name), (_cc, _nc, tt, _ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]

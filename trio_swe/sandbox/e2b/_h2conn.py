@@ -25,28 +25,32 @@ from __future__ import annotations
 
 import math
 import select
+import socket
 import ssl
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Final
 
-import h2.config
-import h2.connection
 import h2.errors
 import h2.events
-import h2.exceptions
-import h2.settings
 import httpx
 import trio
 from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
 
+from . import _h2frames
+from ._h2frames import ClientConnection, H2ProtocolError, TooManyStreams
+
 #: Bound on one socket write that must not be interrupted (as ``_pool.WRITE_BOUND_SEC``).
 WRITE_BOUND_SEC: Final = 30.0
 _READ_SIZE: Final = 65536
+#: A raw socket read that did not have to wait yields to the scheduler every this many reads.
+_YIELD_EVERY: Final = 8
+#: Raw socket I/O (:class:`RawSocketStream`) where file descriptors are sockets' handles.
+_RAW_SOCKETS: Final = sys.platform != "win32"
 #: Connection-level receive window (per-stream windows stay at the default 65,535).
 _CONNECTION_WINDOW: Final = 16 * 1024 * 1024
-_CANCEL: Final = int(h2.errors.ErrorCodes.CANCEL)
 #: Stream ids are 31 bits; a connection this far along takes no new streams.
 _MAX_STREAM_ID: Final = 2**31 - 1 - 2 * 1024
 
@@ -117,10 +121,13 @@ class StatelessEncoder:
         self._first = True
         self.header_table_size = 4096
 
-    def encode(self, headers: Iterable[Any], huffman: bool = True) -> bytes:
+    def encode(self, headers: Iterable[Any], huffman: bool = True, *, first: bool = True) -> bytes:
+        """A header block; the very first one (unless ``first=False``) starts with the size
+        update to 0 (the caller of ``first=False`` sends that itself)."""
         cache = self._cache
-        parts = [b"\x20"] if self._first else []
-        self._first = False
+        parts = [b"\x20"] if self._first and first else []
+        if first:
+            self._first = False
         for header in headers:
             key = (header[0], header[1])
             enc = cache.get(key)
@@ -131,12 +138,86 @@ class StatelessEncoder:
             parts.append(enc)
         return b"".join(parts)
 
+    def encode_one(self, name: bytes, value: bytes) -> bytes:
+        """One header's representation (cached)."""
+        key = (name, value)
+        enc = self._cache.get(key)
+        if enc is None:
+            if len(self._cache) > 4096:
+                self._cache.clear()
+            enc = self._cache[key] = _literal(name, value)
+        return enc
+
+
+# --- the socket, without trio's per-call scheduling -----------------------------------------
+
+
+class RawSocketStream(trio.abc.Stream):
+    """A connected TCP socket read and written directly, waiting only when it would block.
+
+    ``trio.SocketStream`` yields to the scheduler on every successful call (its checkpoint
+    rule) and goes through a few context managers per call: for an HTTP/2 connection whose
+    reader task waits on the socket anyway, that doubled the task switches per response. Here
+    a call that can complete does so at once; :meth:`receive_some` yields every
+    ``_YIELD_EVERY`` reads that did not wait, so a busy connection cannot starve other tasks.
+    One task sends and one receives at a time (the connection's writer flag, its reader task).
+    """
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        # Take the file descriptor over from trio's socket (which is left closed and inert).
+        self._sock = socket.socket(fileno=stream.socket.detach())
+        self._sock.setblocking(False)
+        self._unwaited = 0
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        view = memoryview(data)
+        try:
+            while view:
+                try:
+                    sent = self._sock.send(view)
+                except BlockingIOError:
+                    await trio.lowlevel.wait_writable(self._sock)
+                    continue
+                view = view[sent:]
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket write failed: {exc!r}") from exc
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await trio.lowlevel.wait_writable(self._sock)
+
+    async def receive_some(self, max_bytes: int | None = None) -> bytes:
+        size = max_bytes or _READ_SIZE
+        try:
+            while True:
+                try:
+                    data = self._sock.recv(size)
+                except BlockingIOError:
+                    self._unwaited = 0
+                    await trio.lowlevel.wait_readable(self._sock)
+                    continue
+                self._unwaited += 1
+                if self._unwaited >= _YIELD_EVERY:
+                    self._unwaited = 0
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return data
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket read failed: {exc!r}") from exc
+
+    async def aclose(self) -> None:
+        if self._sock.fileno() != -1:
+            trio.lowlevel.notify_closing(self._sock)
+            self._sock.close()
+        await trio.lowlevel.checkpoint()
+
 
 # --- TLS over a socket stream, without trio.SSLStream's per-record machinery ----------------
 
 
 class TLSStream(trio.abc.Stream):
-    """TLS on a :class:`trio.SocketStream` through ``ssl.SSLObject`` and memory BIOs.
+    """TLS on a socket stream through ``ssl.SSLObject`` and memory BIOs.
 
     One task sends and one receives at a time (the connection's writer flag and its reader
     task), which is all an HTTP/2 connection needs; in exchange a read decrypts every record
@@ -144,7 +225,7 @@ class TLSStream(trio.abc.Stream):
     unless a send is under way, which then sends it in order.
     """
 
-    def __init__(self, sock: trio.SocketStream, ctx: ssl.SSLContext, host: str) -> None:
+    def __init__(self, sock: trio.abc.Stream, ctx: ssl.SSLContext, host: str) -> None:
         self._sock = sock
         self._in = ssl.MemoryBIO()
         self._out = ssl.MemoryBIO()
@@ -214,27 +295,6 @@ class TLSStream(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self._sock.aclose()
-
-
-# --- GOAWAY without losing the streams it lets finish ----------------------------------------
-
-_CI = h2.connection.ConnectionInputs
-_CLOSED = h2.connection.ConnectionState.CLOSED
-#: After a GOAWAY h2's connection is CLOSED and refuses every frame, even those of the streams
-#: the GOAWAY lets finish (RFC 9113 6.8): keep receiving, and keep crediting and resetting.
-_DRAIN_INPUTS = [i for i in _CI if i.name.startswith("RECV_")] + [
-    _CI.SEND_WINDOW_UPDATE,
-    _CI.SEND_RST_STREAM,
-    _CI.SEND_PING,
-    _CI.SEND_SETTINGS,
-]
-
-
-class _DrainingStateMachine(h2.connection.H2ConnectionStateMachine):
-    _transitions = {
-        **h2.connection.H2ConnectionStateMachine._transitions,
-        **{(_CLOSED, i): (None, _CLOSED) for i in _DRAIN_INPUTS},
-    }
 
 
 # --- one stream ----------------------------------------------------------------------------
@@ -390,22 +450,20 @@ class H2Connection:
         self._tls = tls
         self._connect_timeout = connect_timeout
         self._ping_interval = ping_interval
-        self._prefix = [
-            (b":scheme", b"https" if tls is not None else b"http"),
-            (b":authority", authority.encode()),
-        ]
-        self._base = list(base_headers)
-        config = h2.config.H2Configuration(
-            client_side=True,
-            header_encoding=None,
-            validate_outbound_headers=False,
-            normalize_outbound_headers=False,
-            validate_inbound_headers=False,
-            normalize_inbound_headers=False,
+        # Request header blocks: the size update to 0 (first block only), then :method, the
+        # fixed pseudo-headers, :path, the fixed headers, the request's own; all but the
+        # request's own encoded once.
+        self._encoder = StatelessEncoder()
+        self._first_block = True
+        self._prefix_block = self._encoder.encode(
+            [
+                (b":scheme", b"https" if tls is not None else b"http"),
+                (b":authority", authority.encode()),
+            ],
+            first=False,
         )
-        self._h2 = h2.connection.H2Connection(config)
-        self._h2.encoder = StatelessEncoder()  # type: ignore[assignment]
-        self._h2.state_machine = _DrainingStateMachine()
+        self._base_block = self._encoder.encode(list(base_headers), first=False)
+        self._h2 = ClientConnection(self, connection_window=connection_window)
         self._stream: trio.abc.Stream | None = None
         self._streams: dict[int, H2Stream] = {}
         self._connecting: trio.Event | None = None
@@ -434,7 +492,7 @@ class H2Connection:
             self._error is None
             and self._goaway is None
             and not self._closed
-            and self._h2.highest_outbound_stream_id < _MAX_STREAM_ID
+            and self._h2.highest_stream_id < _MAX_STREAM_ID
         )
 
     @property
@@ -456,17 +514,7 @@ class H2Connection:
         self._connecting = trio.Event()
         try:
             self._stream = await (self._connect or self._open)()
-            self._h2.local_settings = h2.settings.Settings(
-                client=True,
-                initial_values={
-                    h2.settings.SettingCodes.ENABLE_PUSH: 0,
-                    h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 100,
-                    h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 65536,
-                },
-            )
-            self._h2.initiate_connection()
-            if self._window > 65535:
-                self._h2.increment_flow_control_window(self._window - 65535)
+            self._h2.initiate()
             trio.lowlevel.spawn_system_task(self._read_loop, name=f"h2 reader {self._host}")
             await self._flush()
         except BaseException as exc:
@@ -482,7 +530,8 @@ class H2Connection:
     async def _open(self) -> trio.abc.Stream:
         try:
             with trio.fail_after(self._connect_timeout):
-                sock = await trio.open_tcp_stream(self._host, self._port)
+                tcp = await trio.open_tcp_stream(self._host, self._port)
+                sock: trio.abc.Stream = RawSocketStream(tcp) if _RAW_SOCKETS else tcp
                 if self._tls is None:
                     return sock
                 stream = TLSStream(sock, self._tls, self._host)
@@ -524,28 +573,35 @@ class H2Connection:
             # A GOAWAY arrived since the pool picked us: provably never sent.
             raise httpx.ConnectError("the connection is closing (GOAWAY); not sent")
         h = self._h2
-        sid = h.get_next_available_stream_id()
-        block = [(b":method", method), *self._prefix, (b":path", path), *self._base, *headers]
+        enc = self._encoder.encode_one
+        block = b"".join(
+            (
+                b"\x20" if self._first_block else b"",
+                enc(b":method", method),
+                self._prefix_block,
+                enc(b":path", path),
+                self._base_block,
+                self._encoder.encode(headers, first=False),
+            )
+        )
+        try:
+            sid = h.open_stream(block, end_stream=not body)
+        except TooManyStreams as exc:
+            raise httpx.LocalProtocolError(str(exc)) from exc
+        self._first_block = False
         stream = H2Stream(self, sid)
         self._streams[sid] = stream
         try:
-            h.send_headers(sid, block, end_stream=not body)
             stream._sent_all = not body
             if body:
                 view = memoryview(body)
                 while view:
-                    window = min(h.local_flow_control_window(sid), h.max_outbound_frame_size)
-                    if window <= 0:
+                    if h.send_window_of(sid) <= 0:
                         await self._flush()
                         await self._wait_window(stream)
                         continue
-                    last = len(view) <= window
-                    h.send_data(sid, view[:window].tobytes(), end_stream=last)
-                    stream._sent_all = last
-                    view = view[window:]
-        except h2.exceptions.ProtocolError as exc:
-            self._streams.pop(sid, None)
-            raise httpx.LocalProtocolError(str(exc)) from exc
+                    view = view[h.send_data(sid, view, end_stream=True) :]
+                stream._sent_all = True
         except BaseException:
             self._close_stream(stream)
             raise
@@ -561,10 +617,7 @@ class H2Connection:
 
     def _consumed(self, stream_id: int, flow: int) -> None:
         if flow and self._error is None:
-            try:
-                self._h2.acknowledge_received_data(flow, stream_id)
-            except h2.exceptions.ProtocolError:
-                pass  # the stream closed meanwhile: h2 credited the connection itself
+            self._h2.consumed(stream_id, flow)
 
     def _close_stream(self, stream: H2Stream) -> None:
         sid = stream.stream_id
@@ -574,13 +627,10 @@ class H2Connection:
         unread = sum(flow for _, flow in stream._chunks)
         stream._chunks.clear()
         if self._error is None:
-            try:
-                if unread:
-                    self._h2.acknowledge_received_data(unread, sid)
-                if (not stream._ended or not stream._sent_all) and stream._error is None:
-                    self._h2.reset_stream(sid, _CANCEL)
-            except h2.exceptions.ProtocolError:
-                pass  # closed on h2's side already (reset by the peer, or ended)
+            if (not stream._ended or not stream._sent_all) and stream._error is None:
+                self._h2.reset_stream(sid, _h2frames.CANCEL)  # a no-op if it is closed already
+            if unread:
+                self._h2.consumed(sid, unread)
         if not self._streams and self._idle_event is not None:
             self._idle_event.set()
 
@@ -646,7 +696,7 @@ class H2Connection:
                             raise httpx.RemoteProtocolError("Server disconnected")
                         self.heard_at = trio.current_time()
                         self._ping_sent_at = None  # any frame proves the peer alive
-                        self._on_events(self._h2.receive_data(data))
+                        self._h2.receive(bytes(data))
                         await self._flush_from_reader()
                         if self._closed:
                             return
@@ -667,9 +717,11 @@ class H2Connection:
                     raise httpx.ReadError(
                         f"no answer to a PING in {self._ping_timeout:g} s: connection dead"
                     )
-        except h2.exceptions.ProtocolError as exc:
+        except H2ProtocolError as exc:
             err = httpx.RemoteProtocolError(f"HTTP/2 protocol error from the peer: {exc}")
             err.__cause__ = exc
+            self._h2.close(exc.code)
+            await self._flush_from_reader()  # tell the peer why (best effort)
             self._fail(err)
         except httpx.HTTPError as exc:
             self._fail(exc)
@@ -732,52 +784,70 @@ class H2Connection:
         except httpx.HTTPError:
             pass  # the connection is failed; the loop ends at its next read
 
-    def _on_events(self, events: list[h2.events.Event]) -> None:
-        streams = self._streams
-        for ev in events:
-            if isinstance(ev, h2.events.DataReceived):
-                s = streams.get(ev.stream_id)
-                if s is None:
-                    # Closed by us before its end: hand the window back.
-                    self._consumed(ev.stream_id, ev.flow_controlled_length or 0)
-                    continue
-                if ev.data:
-                    s._chunks.append((ev.data, ev.flow_controlled_length or 0))
-                    s._wake()
-                else:  # an empty (padding) DATA frame: b"" means the body's end to readers
-                    self._consumed(ev.stream_id, ev.flow_controlled_length or 0)
-            elif isinstance(ev, h2.events.ResponseReceived):
-                s = streams.get(ev.stream_id)
-                if s is not None:
-                    s._headers = ev.headers or []
-                    for k, v in s._headers:
-                        if k == b":status":
-                            s.status = int(v)
-                            break
-                    s._wake()
-            elif isinstance(ev, h2.events.StreamEnded):
-                s = streams.get(ev.stream_id)
-                if s is not None:
-                    s._ended = True
-                    if not s.status:
-                        s._error = httpx.RemoteProtocolError("stream ended without headers")
-                    s._wake()
-            elif isinstance(ev, h2.events.StreamReset):
-                s = streams.get(ev.stream_id)
-                if s is not None:
-                    s._error = H2StreamReset(ev)
-                    s._wake()
-                self._window_waiters.unpark_all()
-            elif isinstance(ev, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-                self._window_waiters.unpark_all()
-            elif isinstance(ev, h2.events.PingAckReceived):
-                done = self._syncs.pop(ev.ping_data or b"", None)
-                if done is not None:
-                    done[1].set()
-            elif isinstance(ev, h2.events.ConnectionTerminated):
-                self._on_goaway(ev)
-            elif isinstance(ev, h2.events.TrailersReceived):
-                pass  # Connect puts its trailer in the body; HTTP trailers carry nothing we use
+    # --- what the frame layer reports (the _h2frames.Handler) ----------------------------
+
+    def on_headers(self, stream_id: int, headers: list[tuple[bytes, bytes]], end: bool) -> None:
+        s = self._streams.get(stream_id)
+        if s is None:
+            return
+        if not s.status:
+            status = 0
+            for k, v in headers:
+                if k == b":status":
+                    status = int(v) if v.isdigit() else 0
+                    break
+            if not status:
+                s._error = httpx.RemoteProtocolError("a response without a valid :status")
+            elif status < 200 and not end:
+                return  # informational (1xx): the response follows
+            else:
+                s._headers = headers
+                s.status = status
+        # Later header blocks are trailers: Connect puts its trailer in the body.
+        if end:
+            s._ended = True
+            if not s.status and s._error is None:
+                s._error = httpx.RemoteProtocolError("stream ended without headers")
+        s._wake()
+
+    def on_data(self, stream_id: int, data: bytes, flow: int, end: bool) -> None:
+        s = self._streams.get(stream_id)
+        if s is None:
+            self._consumed(stream_id, flow)  # closed by us before its end: hand it back
+            return
+        if data:
+            s._chunks.append((data, flow))
+        elif flow:  # an empty (padding) DATA frame: b"" means the body's end to readers
+            self._consumed(stream_id, flow)
+        if end:
+            s._ended = True
+            if not s.status:
+                s._error = httpx.RemoteProtocolError("stream ended without headers")
+        if data or end:
+            s._wake()
+
+    def on_reset(self, stream_id: int, code: int) -> None:
+        s = self._streams.get(stream_id)
+        if s is not None:
+            event = h2.events.StreamReset(stream_id=stream_id, error_code=_error_code(code))
+            s._error = H2StreamReset(event)
+            s._wake()
+        self._window_waiters.unpark_all()
+
+    def on_goaway(self, last_stream_id: int, code: int, debug: bytes) -> None:
+        event = h2.events.ConnectionTerminated()
+        event.error_code = _error_code(code)
+        event.last_stream_id = last_stream_id
+        event.additional_data = debug
+        self._on_goaway(event)
+
+    def on_window(self) -> None:
+        self._window_waiters.unpark_all()
+
+    def on_ping_ack(self, data: bytes) -> None:
+        done = self._syncs.pop(data, None)
+        if done is not None:
+            done[1].set()
 
     def _on_goaway(self, ev: h2.events.ConnectionTerminated) -> None:
         self._goaway = ev
@@ -825,9 +895,9 @@ class H2Connection:
         with trio.CancelScope(shield=True, deadline=trio.current_time() + 5.0):
             if self._error is None:
                 try:
-                    self._h2.close_connection()
+                    self._h2.close()
                     await self._flush()
-                except (httpx.HTTPError, h2.exceptions.ProtocolError):
+                except httpx.HTTPError:
                     pass
             self._fail(httpx.RemoteProtocolError("connection closed by the client"))
             await _close_quietly(stream)
@@ -844,14 +914,25 @@ async def _close_quietly(stream: trio.abc.AsyncResource) -> None:
 def _readable(stream: trio.abc.Stream) -> bool:
     """True when the socket under ``stream`` has bytes (or EOF) waiting; False if unknown."""
     inner = stream._sock if isinstance(stream, TLSStream) else stream
-    if not isinstance(inner, trio.SocketStream):
+    if isinstance(inner, RawSocketStream):
+        fd = inner.fileno()
+    elif isinstance(inner, trio.SocketStream):
+        fd = inner.socket.fileno()
+    else:
         return False
     try:
         poller = select.poll()
-        poller.register(inner.socket.fileno(), select.POLLIN)
+        poller.register(fd, select.POLLIN)
         return bool(poller.poll(0))
     except (OSError, ValueError, AttributeError):  # closed, or no poll() on this platform
         return False
+
+
+def _error_code(code: int) -> h2.errors.ErrorCodes | int:
+    try:
+        return h2.errors.ErrorCodes(code)
+    except ValueError:
+        return code  # an unknown code is kept as its number
 
 
 def split_origin(origin: str) -> tuple[str, str, int]:
