@@ -10,7 +10,9 @@ reference builder of ``_chains``.
 from __future__ import annotations
 
 import array
+import enum
 import random
+import struct
 from typing import Any
 
 import numpy as np
@@ -27,12 +29,13 @@ from trio_swe import (
     decode_sample,
     encode_sample,
 )
-from trio_swe.trajectory import _recorder
+from trio_swe.trajectory import _buffers, _recorder
 
 from ._chains import f32, ref_build
 
-# Small values (cached int objects), one-, two- and three-byte msgpack widths, int32 extremes.
-IDS = [0, 1, 2, 300, 301, 70_000, 2**31 - 1, -(2**31)]
+# Small values (cached int objects), one- to four-byte values, int32 extremes (a negative id
+# takes the struct path; its uint32 alias 2**32 - x is out of range).
+IDS = [0, 1, 2, 300, 301, 70_000, 2**31 - 1, -1, -(2**31)]
 token_ids = st.sampled_from(IDS)
 FORMS = ["extend", "extend", "fresh", "fresh", "tuple", "array", "numpy64", "bytes_view"]
 
@@ -199,8 +202,8 @@ def test_history_grows_into_new_buffers_and_old_records_keep_theirs() -> None:
 
 
 def test_every_check_path_is_taken_and_exact() -> None:
-    """Shared objects (the list-order check), fresh objects (the msgpack check), buffers
-    (memcmp); each followed by a prompt that does not extend the history."""
+    """Shared objects (the list-order check), fresh objects (the uint32 conversion and
+    memcmp), buffers (memcmp); each followed by a prompt that does not extend the history."""
     base = [300, 301, 70_000, 5]
     for form in ("extend", "fresh", "array"):
         recorder = TurnRecorder()
@@ -269,3 +272,58 @@ def test_starts_with_is_slicing(held: list[int], prompt: list[int], share: int) 
     held = fresh(held) if share == 0 else held
     assert _recorder._starts_with(prompt, held) == (prompt[: len(held)] == held)
     assert all(isinstance(x, int) for x in held)  # the end marker was taken off again
+
+
+def test_negative_ids_held_and_their_uint32_aliases() -> None:
+    """A held id < 0 has the bytes of a uint32 >= 2**31: a fresh prompt holding that alias is
+    out of range, not an extension; one holding the negative id extends (struct path); one
+    of ids >= 0 cannot extend and restarts the history, after which extensions are checked
+    by the uint32 path again."""
+    recorder = TurnRecorder()
+    recorder.record(prompt_ids=[5, -3, 7], output_ids=[-1])
+    alias = [5, 2**32 - 3, 7, 2**32 - 1, 9]
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        TurnRecord.from_lists(prompt_ids=alias, output_ids=[])
+    with pytest.raises(InvalidArgumentError, match="out of range"):
+        recorder.record(prompt_ids=fresh(alias), output_ids=[])
+    good = [5, -3, 7, -1, 9]
+    assert recorder.record(prompt_ids=fresh(good), output_ids=[4]) == plain(
+        {"prompt_ids": good, "output_ids": [4]}
+    )
+    assert recorder.statistics().extended == 1
+    other = [5, 3, 7, 1, 9, 4]
+    assert recorder.record(prompt_ids=fresh(other), output_ids=[8]) == plain(
+        {"prompt_ids": other, "output_ids": [8]}
+    )
+    assert recorder.statistics().restarted == 1
+    longer = [*other, 8, 2**31 - 1]
+    assert recorder.record(prompt_ids=fresh(longer), output_ids=[]) == plain(
+        {"prompt_ids": longer, "output_ids": []}
+    )
+    assert recorder.statistics().extended == 2
+    with pytest.raises(InvalidArgumentError, match="out of range"):  # 2**31 in the new part
+        recorder.record(prompt_ids=[*fresh(longer), 2**31], output_ids=[])
+    assert recorder.statistics().turns == 4
+
+
+class Color(enum.IntEnum):
+    RED = 7
+
+
+ITEMS = st.one_of(
+    st.integers(min_value=-(2**33), max_value=2**33),
+    st.sampled_from([0, 2**31 - 1, 2**31, 2**32 - 1, 2**32, -1, -(2**31), -(2**31) - 1]),
+    st.sampled_from([True, False, Color.RED, 1.0, "1", None]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(items=st.lists(ITEMS, max_size=12), as_tuple=st.booleans())
+def test_pack_is_struct(items: list[Any], as_tuple: bool) -> None:
+    """The uint32 path of ``pack`` gives struct's bytes exactly when struct packs, else None."""
+    seq: Any = tuple(items) if as_tuple else items
+    try:
+        expected: bytes | None = struct.pack(f"={len(items)}i", *items)
+    except (struct.error, OverflowError, TypeError):
+        expected = None
+    assert _buffers.pack(seq, "i") == expected

@@ -23,8 +23,10 @@ from .._errors import InvalidArgumentError
 
 # The wire format (msgpack bin) is the in-memory layout, so it is little-endian int32/float32.
 LITTLE_ENDIAN = sys.byteorder == "little"
-if array.array("i").itemsize != 4 or array.array("f").itemsize != 4:  # pragma: no cover
+if any(array.array(t).itemsize != 4 for t in "iIf"):  # pragma: no cover
     raise ImportError("trio_swe.trajectory needs a platform with 4-byte C int and float")
+#: Index of each native int32's most significant byte (the one holding the sign bit).
+SIGN_BYTE = 3 if LITTLE_ENDIAN else 0
 
 _BYTE_FORMATS = frozenset({"B", "b", "c"})
 _INT32_FORMATS = frozenset({"i", "@i", "=i", "<i", "l", "@l", "=l", "<l"})
@@ -50,14 +52,44 @@ def _view(value: object) -> memoryview | None:
         return None
 
 
+def uint32_view(items: list[Any]) -> memoryview | None:
+    """``items`` as native uint32 bytes (a ``"B"`` view of a new array), or None if an item is
+    not an integer in ``[0, 2**32)`` (negative, too large, not an int: slower paths decide).
+
+    The fastest exact reader of a list of ints at hand (about 3x ``struct`` and 6x
+    ``array("i")``): ``array("I").fromlist`` converts each item with one C call, where the
+    signed typecodes parse a format string per item. For an id in ``[0, 2**31)`` its bytes
+    are the id's int32 bytes; whether every id is below ``2**31`` is :func:`nonnegative`.
+    """
+    arr = array.array("I")
+    try:
+        arr.fromlist(items)
+    except Exception:  # whatever the item raised, the struct path raises it again or names it
+        return None
+    return memoryview(arr).cast("B")
+
+
+def nonnegative(data: bytes) -> bool:
+    """Whether no int32 in the native bytes ``data`` has its sign bit set (every id >= 0, or,
+    read as uint32, every value < ``2**31``): one strided copy and one C scan."""
+    return data[SIGN_BYTE::4].isascii()
+
+
 def pack(items: list[Any] | tuple[Any, ...], typecode: str) -> bytes | None:
     """``items`` as native int32 (``"i"``) or float32 (``"f"``) bytes, or None if some item
     does not pack (out of range, wrong type: the caller's slower path then names it).
 
-    ``struct`` converts a list about 4x faster than ``array.array`` (which parses a format
-    string per item), and its result is immutable bytes: a record's buffer with no more copies.
-    For in-range values both give the same bits (round-to-nearest for float32).
+    Ids in ``[0, 2**31)`` (all real token ids) go through :func:`uint32_view`; others, and
+    floats, through ``struct``, about 4x faster than ``array.array("i")`` or ``"f"`` (which
+    parse a format string per item). The result is immutable bytes: a record's buffer with no
+    more copies. For in-range values all give the same bits (round-to-nearest for float32).
     """
+    if typecode == "i":
+        raw = uint32_view(items if type(items) is list else list(items))
+        if raw is not None:
+            data = raw.tobytes()
+            if nonnegative(data):
+                return data
     try:
         return struct.pack(f"={len(items)}{typecode}", *items)
     except (struct.error, OverflowError, TypeError):
