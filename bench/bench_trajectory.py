@@ -24,6 +24,12 @@ tool results of 100-400 tokens (70%) or 1,500-3,500 (30%), cut at 32,768 tokens.
 are medians over rounds of the process's CPU time; each round runs every side once, in turn, so
 all sides see the same load on a shared machine.
 
+The gateway session's per-turn record (``trio_swe.gateway``'s ``Session.commit``) over the
+same episodes, each prompt an ``array("i")`` history as the session holds it: as it was (the
+whole history made a list with ``tolist()`` and converted by ``TurnRecord.from_lists`` each
+turn, O(N) per turn) against the chain's ``TurnRecorder`` over views of the history (one
+memcmp and a copy of the new tokens); the history's copy and append are left untimed.
+
 Also: decoding an SGLang ``/generate`` reply (200 and 2,000 output tokens) into the ids and
 log-probs a record is made from, against what slime's adapter does with it (``json.loads``
 as aiohttp's ``json()`` runs it, then a list comprehension each for the ids and the
@@ -61,6 +67,7 @@ from trio_swe import (
     truncate,
 )
 from trio_swe.agents._policy import decode_generate_reply
+from trio_swe.gateway._session import _turn_of
 
 EPISODES = int(os.environ.get("BENCH_TRAJECTORY_EPISODES", "6"))
 RUNS = int(os.environ.get("BENCH_TRAJECTORY_RUNS", "5"))
@@ -151,6 +158,17 @@ class Episode:
             if not fresh:
                 end = n_prompt + n_out + self.turns[k][2]
                 prompt = prompt + output + ids[n_prompt + n_out : end].tolist()
+
+    def histories(self) -> Iterator[tuple[array.array[int], list[int], list[float]]]:
+        """Per turn the prompt as a new ``array("i")`` (a gateway session's history copy),
+        the output ids and their log-probs as the policy returns them (lists)."""
+        ids = self.ids
+        for k, (n_prompt, n_out, _) in enumerate(self.turns):
+            yield (
+                ids[:n_prompt],
+                ids[n_prompt : n_prompt + n_out].tolist(),
+                self.log_probs[k].tolist(),
+            )
 
     def total_tokens(self) -> int:
         n_prompt, n_out, _ = self.turns[-1]
@@ -335,6 +353,59 @@ def episodes_rows(slime: Slime | str, *, fresh: bool) -> None:
         print(f"  slime rows skipped: {slime}")
 
 
+def gateway_rows() -> None:
+    rng = random.Random(13)
+    episodes = [Episode(rng) for _ in range(EPISODES)]
+    clock = time.process_time
+
+    def before(e: Episode) -> tuple[float, list[TurnRecord]]:
+        spent, turns = 0.0, []
+        for history, out, lps in e.histories():
+            t0 = clock()
+            prompt_ids = history.tolist()  # the session's draft() as it was
+            spent += clock() - t0
+            history.extend(out)  # append_output (untimed, both sides)
+            t0 = clock()
+            turns.append(
+                TurnRecord.from_lists(prompt_ids=prompt_ids, output_ids=out, output_log_probs=lps)
+            )
+            spent += clock() - t0
+        return spent, turns
+
+    def after(e: Episode) -> tuple[float, list[TurnRecord]]:
+        spent, turns, recorder = 0.0, [], TurnRecorder()
+        for history, out, lps in e.histories():
+            n = len(history)
+            history.extend(out)
+            t0 = clock()
+            turns.append(
+                _turn_of(
+                    recorder, history, n, log_probs=lps, finish_reason="stop", ill_formed=False
+                )
+            )
+            spent += clock() - t0
+        return spent, turns
+
+    for e in episodes:  # the same records, before anything is timed
+        if before(e)[1] != after(e)[1]:
+            raise AssertionError("the session's records differ from from_lists'")
+    times: list[list[float]] = [[], []]
+    for _ in range(RUNS):
+        spent = [0.0, 0.0]
+        for e in episodes:
+            spent[0] += before(e)[0]
+            spent[1] += after(e)[0]
+        times[0].append(spent[0])
+        times[1].append(spent[1])
+    t_before, t_after = (statistics.median(t) / EPISODES for t in times)
+    print(
+        f"gateway session, per-turn record over a {TURNS}-turn episode's array('i') history:\n"
+        f"  history.tolist() + TurnRecord.from_lists (as it was) {t_before * 1e3:8.2f} ms/episode\n"
+        f"  the chain's TurnRecorder over views of the history  {t_after * 1e3:8.2f} ms/episode"
+        f"   x{t_before / t_after:.1f}"
+    )
+
+
 def median_time(fn: Callable[[], object], runs: int) -> float:
     times = []
     for _ in range(runs):
@@ -482,6 +553,7 @@ def main() -> None:
     print(f"median CPU time of {RUNS} rounds; ratios: slime's time / ours (higher is faster)")
     episodes_rows(slime, fresh=True)
     episodes_rows(slime, fresh=False)
+    gateway_rows()
     replies()
     truncation()
     encoding()

@@ -131,6 +131,11 @@ async def test_chat_completions_two_turns_append_token_exact() -> None:
         assert turns[1].prompt_ids_list()[
             : len(turns[0].prompt_ids) + len(turns[0].output_ids)
         ] == (turns[0].prompt_ids_list() + turns[0].output_ids_list())
+        # One recorder per chain: the second turn copied only its delta and its output, and
+        # its record shares the first one's history.
+        rec = session.session._chains[0].recorder.statistics()
+        assert (rec.turns, rec.extended, rec.restarted) == (2, 1, 0)
+        assert rec.converted_tokens == len(turns[1].prompt_ids) + len(turns[1].output_ids)
         # The last prompt is the template's own rendering of the conversation as we know it.
         tok = qwen3_tokenizer()
         conversation = session.conversations()[0]

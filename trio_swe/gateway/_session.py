@@ -27,6 +27,7 @@ not part of the episode's turns (they would mix an unrelated conversation into i
 from __future__ import annotations
 
 import json
+from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ import msgspec
 from .._errors import ConfigError
 from ..agents._policy import PolicyOutput
 from ..models import ChatModel, NotAppendOnlyError, TokenHistory
-from ..trajectory import TurnRecord
+from ..trajectory import TurnRecord, TurnRecorder
 from ._common import ApiError, Conversation, Message, Reply, ReplyToolCall, call_id, new_ref
 
 __all__ = ["Draft", "Pending", "Placement", "Session", "SessionStatistics"]
@@ -79,15 +80,47 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Chain:
-    __slots__ = ("boundaries", "history", "index", "side", "transcript", "turns")
+    __slots__ = ("boundaries", "history", "index", "recorder", "side", "transcript", "turns")
 
-    def __init__(self, index: int, history: TokenHistory, transcript: list[Message], side: bool):
+    def __init__(
+        self,
+        index: int,
+        history: TokenHistory,
+        transcript: list[Message],
+        side: bool,
+        recorder: TurnRecorder,
+    ) -> None:
         self.index = index
         self.history = history  # after the last output: awaiting the next delta
         self.transcript = transcript  # client-form messages, our replies included
         self.boundaries: list[int] = []  # len(transcript) after each reply
         self.turns: list[TurnRecord] = []
+        # The turns' records share one history: each turn copies only its new tokens.
+        self.recorder = recorder
         self.side = side
+
+
+def _turn_of(
+    recorder: TurnRecorder,
+    ids: array[int],
+    prompt_tokens: int,
+    *,
+    log_probs: list[float] | None,
+    finish_reason: str,
+    ill_formed: bool,
+) -> TurnRecord:
+    """The record of a turn whose prompt is ``ids[:prompt_tokens]`` and output the rest of
+    ``ids`` (a history after ``append_output``). The ids are viewed, not converted: the
+    recorder compares the part it holds (one memcmp) and copies the new tokens, so a turn
+    costs O(its delta), not a conversion of the whole history."""
+    view = memoryview(ids)
+    return recorder.record(
+        prompt_ids=view[:prompt_tokens],
+        output_ids=view[prompt_tokens:],
+        output_log_probs=log_probs,
+        finish_reason=finish_reason,
+        ill_formed=ill_formed,
+    )
 
 
 class Pending(msgspec.Struct, kw_only=True):
@@ -128,12 +161,15 @@ class Placement(msgspec.Struct, kw_only=True):
 
 
 class Draft(msgspec.Struct, kw_only=True):
-    """A policy output made into a reply and a turn, not yet recorded."""
+    """A policy output made into a reply, not yet recorded (:meth:`Session.commit` makes its
+    turn, on the chain it lands on)."""
 
     pending: Pending
     reply: Reply
-    turn: TurnRecord
     message: Message
+    output: PolicyOutput
+    prompt_tokens: int  # the prompt's length: the history's ids after it are the output
+    ill_formed: bool = False
 
 
 def _args_match(recorded: Any, incoming: Any) -> bool:
@@ -382,7 +418,7 @@ class Session:
         history: TokenHistory = pending.history
         conv = pending.conversation
         assert conv is not None
-        prompt_ids = history.ids.tolist()
+        prompt_tokens = len(history.ids)
         ill_formed = False
         ref = ref or new_ref()  # given when the reply's ids went out before the output ended
         prefix = "toolu_" if conv.api == "anthropic" else "call_"
@@ -401,13 +437,6 @@ class Session:
                     for i, c in enumerate(parsed.tool_calls)
                 )
             history.append_output(output.output_ids, parsed)
-        turn = TurnRecord.from_lists(
-            prompt_ids=prompt_ids,
-            output_ids=output.output_ids,
-            output_log_probs=output.log_probs,
-            finish_reason=output.finish_reason,
-            ill_formed=ill_formed,
-        )
         finish: Any = (
             "length" if output.finish_reason == "length" else ("tool_calls" if calls else "stop")
         )
@@ -417,7 +446,7 @@ class Session:
             reasoning=reasoning,
             tool_calls=calls,
             finish=finish,
-            input_tokens=len(prompt_ids),
+            input_tokens=prompt_tokens,
             output_tokens=len(output.output_ids),
             model=model_name or conv.model,
         )
@@ -428,12 +457,24 @@ class Session:
             tool_calls=[(c.id, c.name, c.arguments) for c in calls],
             ref=ref,
         )
-        return Draft(pending=pending, reply=reply, turn=turn, message=ours)
+        return Draft(
+            pending=pending,
+            reply=reply,
+            message=ours,
+            output=output,
+            prompt_tokens=prompt_tokens,
+            ill_formed=ill_formed,
+        )
 
     def commit(self, draft: Draft) -> None:
-        """Record a drafted turn (its reply was delivered)."""
-        self._record(draft.pending, draft.turn, draft.message)
-        if draft.turn.ill_formed:
+        """Record a drafted turn (its reply was delivered).
+
+        Raises:
+            InvalidArgumentError: the policy's output does not make a valid record (log-probs
+                not one per output id); nothing is recorded.
+        """
+        self._record(draft)
+        if draft.ill_formed:
             self._stats["ill_formed"] += 1
         if not draft.pending.side:
             self._stats["tool_calls"] += len(draft.reply.tool_calls)
@@ -445,10 +486,13 @@ class Session:
     def record_overflow(self, pending: Pending) -> None:
         """Record a refused, overflowing request as a turn with no output (``length``), so the
         episode's sample is marked truncated, not lost."""
-        history: TokenHistory = pending.history
-        turn = TurnRecord.from_lists(prompt_ids=history.ids, output_ids=[], finish_reason="length")
+        ids = pending.history.ids
+        recorder = self._recorder_for(pending)
+        turn = _turn_of(
+            recorder, ids, len(ids), log_probs=None, finish_reason="length", ill_formed=False
+        )
         self._stats["overflows"] += 1
-        chain = self._chain_for(pending)
+        chain = self._chain_for(pending, recorder)
         chain.turns.append(turn)
         self._order.append((chain.index, len(chain.turns) - 1))
         if chain.side:
@@ -461,13 +505,21 @@ class Session:
         """Count a prepared request that was never committed (nothing was recorded)."""
         self._stats["failed"] += 1
 
-    def _chain_for(self, pending: Pending) -> _Chain:
+    def _recorder_for(self, pending: Pending) -> TurnRecorder:
+        """The recorder of the chain :meth:`_chain_for` will put ``pending`` on (a new one
+        for a new chain), chosen without changing anything."""
+        chain: _Chain | None = pending.chain
+        if chain is not None and len(chain.boundaries) == pending.tip:
+            return chain.recorder
+        return TurnRecorder()
+
+    def _chain_for(self, pending: Pending, recorder: TurnRecorder) -> _Chain:
         chain: _Chain | None = pending.chain
         if chain is not None and len(chain.boundaries) != pending.tip:
             # A concurrent request extended this chain first: this one branches off it.
             chain, pending.chain, pending.forked = None, None, True
         if chain is None:
-            chain = _Chain(len(self._chains), pending.history, [], pending.side)
+            chain = _Chain(len(self._chains), pending.history, [], pending.side, recorder)
             self._chains.append(chain)
             self._stats["chains"] += 1
             if pending.forked:
@@ -475,9 +527,22 @@ class Session:
             pending.chain = chain
         return chain
 
-    def _record(self, pending: Pending, turn: TurnRecord, ours: Message) -> None:
+    def _record(self, draft: Draft) -> None:
+        pending, ours, output = draft.pending, draft.message, draft.output
         continued = pending.chain is not None
-        chain = self._chain_for(pending)
+        # Made here, on the session's thread and in commit order (drafts run in worker
+        # threads; a draft never committed leaves the recorder as it was), before anything
+        # changes: a record that cannot be made (it raises) records nothing.
+        recorder = self._recorder_for(pending)
+        turn = _turn_of(
+            recorder,
+            pending.history.ids,
+            draft.prompt_tokens,
+            log_probs=output.log_probs,
+            finish_reason=output.finish_reason,
+            ill_formed=draft.ill_formed,
+        )
+        chain = self._chain_for(pending, recorder)
         if continued and pending.chain is chain:
             self._stats["appended"] += 1
         chain.history = pending.history
