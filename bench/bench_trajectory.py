@@ -30,6 +30,9 @@ whole history made a list with ``tolist()`` and converted by ``TurnRecord.from_l
 turn, O(N) per turn) against the chain's ``TurnRecorder`` over views of the history (one
 memcmp and a copy of the new tokens); the history's copy and append are left untimed.
 
+With fresh lists a last row is the floor: each prompt read once by ``array("I").fromlist``
+and nothing else (no check, no record, no sample), the least an exact check does here.
+
 Also: decoding an SGLang ``/generate`` reply (200 and 2,000 output tokens) into the ids and
 log-probs a record is made from, against what slime's adapter does with it (``json.loads``
 as aiohttp's ``json()`` runs it, then a list comprehension each for the ids and the
@@ -257,6 +260,22 @@ class PrebuiltSide(RecorderSide):
         self.builder.add(next(self.pending))
 
 
+class FloorSide(RecorderSide):
+    """Not a way to build samples: each prompt read once by ``array("I").fromlist`` and
+    nothing else, the least any exact check of a fresh list does here."""
+
+    name = "floor: each prompt read once, nothing kept"
+
+    def start(self, index: int) -> None:
+        pass
+
+    def turn(self, prompt: list[int], output: list[int], lps: list[float]) -> None:
+        array.array("I").fromlist(prompt)
+
+    def finish(self) -> list[Sample]:
+        return []
+
+
 def run_side(side: Side, episode: Episode, index: int, *, fresh: bool) -> tuple[float, list[Any]]:
     """CPU time of ``side`` over one episode (the lists' making excluded), and its samples."""
     clock = time.process_time
@@ -328,6 +347,8 @@ def episodes_rows(slime: Slime | str, *, fresh: bool) -> None:
             theirs = run_side(sides[0], e, i, fresh=fresh)[1]
             for side in sides[1:]:
                 check_same(run_side(side, e, i, fresh=fresh)[1], theirs)
+    if fresh:
+        sides.append(FloorSide())
     # Rounds; in each, every episode is run by every side in turn (the load of the machine
     # changes from second to second: all sides see the same).
     times: list[list[float]] = [[] for _ in sides]
