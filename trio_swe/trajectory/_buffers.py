@@ -52,21 +52,23 @@ def _view(value: object) -> memoryview | None:
         return None
 
 
-def uint32_view(items: list[Any]) -> memoryview | None:
-    """``items`` as native uint32 bytes (a ``"B"`` view of a new array), or None if an item is
-    not an integer in ``[0, 2**32)`` (negative, too large, not an int: slower paths decide).
+def nonnegative_ids(items: list[Any]) -> bytes | None:
+    """``items`` as native int32 bytes if every item is an int in ``[0, 2**31)`` (all real
+    token ids), else None (negative, too large, not an int: slower paths decide).
 
     The fastest exact reader of a list of ints at hand (about 3x ``struct`` and 6x
     ``array("i")``): ``array("I").fromlist`` converts each item with one C call, where the
-    signed typecodes parse a format string per item. For an id in ``[0, 2**31)`` its bytes
-    are the id's int32 bytes; whether every id is below ``2**31`` is :func:`nonnegative`.
+    signed typecodes parse a format string per item. For a value in ``[0, 2**31)`` its uint32
+    bytes are the int32 bytes of the same id; no sign bit set (:func:`nonnegative`) says
+    every value is below ``2**31``.
     """
     arr = array.array("I")
     try:
         arr.fromlist(items)
     except Exception:  # whatever the item raised, the struct path raises it again or names it
         return None
-    return memoryview(arr).cast("B")
+    data = arr.tobytes()
+    return data if data[SIGN_BYTE::4].isascii() else None
 
 
 def nonnegative(data: bytes) -> bool:
@@ -79,17 +81,15 @@ def pack(items: list[Any] | tuple[Any, ...], typecode: str) -> bytes | None:
     """``items`` as native int32 (``"i"``) or float32 (``"f"``) bytes, or None if some item
     does not pack (out of range, wrong type: the caller's slower path then names it).
 
-    Ids in ``[0, 2**31)`` (all real token ids) go through :func:`uint32_view`; others, and
+    Ids in ``[0, 2**31)`` (all real token ids) go through :func:`nonnegative_ids`; others, and
     floats, through ``struct``, about 4x faster than ``array.array("i")`` or ``"f"`` (which
     parse a format string per item). The result is immutable bytes: a record's buffer with no
     more copies. For in-range values all give the same bits (round-to-nearest for float32).
     """
     if typecode == "i":
-        raw = uint32_view(items if type(items) is list else list(items))
-        if raw is not None:
-            data = raw.tobytes()
-            if nonnegative(data):
-                return data
+        data = nonnegative_ids(items if type(items) is list else list(items))
+        if data is not None:
+            return data
     try:
         return struct.pack(f"={len(items)}{typecode}", *items)
     except (struct.error, OverflowError, TypeError):

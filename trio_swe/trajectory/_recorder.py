@@ -27,15 +27,27 @@ choice affects only the speed. Buffers (``array.array``, numpy, views) are compa
 
 from __future__ import annotations
 
+import struct
+from array import array
 from typing import Any
 
 import msgspec
 
 from .._errors import InvalidArgumentError
-from ._buffers import as_float32, as_int32, float_view, nonnegative, pack, uint32_view
+from ._buffers import (
+    SIGN_BYTE,
+    as_float32,
+    as_int32,
+    float_view,
+    nonnegative,
+    nonnegative_ids,
+    pack,
+)
 from ._records import TurnRecord, trusted_turn
 
 _MIN_CAPACITY = 1 << 14  # bytes of a new history buffer, at least
+_pack = struct.pack
+_nonnegative_ids = nonnegative_ids
 
 
 class RecorderStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -142,23 +154,40 @@ class TurnRecorder:
             raise InvalidArgumentError(
                 f"ill_formed must be a bool, not {type(ill_formed).__name__}"
             )
-        out = _int32_bytes(output_ids, "output_ids")
-        lps = None if output_log_probs is None else _log_probs(output_log_probs)
+        # The hot path inline (each call costs more than its work here: see _extend_to).
+        out: bytes | memoryview | None = None
+        if type(output_ids) is list:
+            out = _nonnegative_ids(output_ids)
+        out_known = out is not None
+        if out is None:
+            out = _int32_bytes(output_ids, "output_ids")
+        lps: memoryview | None = None
+        if type(output_log_probs) is list:
+            try:
+                lps = memoryview(_pack(f"={len(output_log_probs)}f", *output_log_probs))
+            except (struct.error, OverflowError, TypeError):
+                pass  # _log_probs names the bad item
+        if lps is not None:
+            lps = float_view(lps.cast("f"))
+        elif output_log_probs is not None:
+            lps = _log_probs(output_log_probs)
         if lps is not None and 4 * len(lps) != len(out):
             raise InvalidArgumentError(
                 f"output_log_probs has {len(lps)} entries for {len(out) // 4} output_ids"
             )
         converted = self._extend_to(prompt_ids)
         prompt_end = self._used
-        self._append(out)
-        self._follow_output(output_ids)
+        self._append(out, out_known)
+        if self._objects is not None:
+            self._follow_output(output_ids)
         stats = self._stats
         stats["turns"] += 1
         stats["converted_tokens"] += converted + len(out) // 4
         # Views taken after the append: of the newest buffer, which holds the prompt too.
+        w = self._w
         return trusted_turn(  # every field checked above (the property tests compare)
-            prompt_ids=self._view(0, prompt_end),
-            output_ids=self._view(prompt_end, self._used),
+            prompt_ids=w[:prompt_end].cast("i").toreadonly(),
+            output_ids=w[prompt_end : self._used].cast("i").toreadonly(),
             output_log_probs=lps,
             finish_reason=finish_reason,
             ill_formed=ill_formed,
@@ -166,11 +195,7 @@ class TurnRecorder:
 
     # -- the history ---------------------------------------------------------------------
 
-    def _view(self, start: int, end: int) -> memoryview:
-        view: memoryview = self._w[start:end].cast("i").toreadonly()
-        return view
-
-    def _append(self, data: bytes | memoryview, *, nonnegative_known: bool = False) -> None:
+    def _append(self, data: bytes | memoryview, nonnegative_known: bool = False) -> None:
         """Write ``data`` after the history, growing into a new buffer if it does not fit
         (the old one stays as it is, for the records that view it)."""
         if not (nonnegative_known or self._negative):
@@ -185,13 +210,13 @@ class TurnRecorder:
         self._w[used : used + n] = data
         self._used = used + n
 
-    def _restart(self, data: bytes | memoryview, *, nonnegative_known: bool = False) -> None:
+    def _restart(self, data: bytes | memoryview, nonnegative_known: bool = False) -> None:
         """The history becomes ``data``, in a new buffer (viewed bytes are never rewritten)."""
         self._buf = bytearray(max(2 * len(data), _MIN_CAPACITY))
         self._w = memoryview(self._buf)
         self._used = 0
         self._negative = False
-        self._append(data, nonnegative_known=nonnegative_known)
+        self._append(data, nonnegative_known)
 
     def _extend_to(self, prompt: Any) -> int:
         """Make the history ``prompt``: append its new tokens if it extends the history, else
@@ -209,17 +234,27 @@ class TurnRecorder:
             if _same_objects(objects, prompt):
                 if _starts_with(prompt, objects):
                     tail = prompt[held:]
-                    self._append(_int32_bytes(tail, "prompt_ids"))
+                    data = _nonnegative_ids(tail)
+                    if data is None:
+                        self._append(_int32_bytes(tail, "prompt_ids"))
+                    else:
+                        self._append(data, True)
                     objects.extend(tail)
                     self._stats["extended"] += 1
                     return len(tail)
             else:
                 self._track_objects = False  # fresh objects: stop keeping them
                 self._objects = objects = None
-        raw = uint32_view(prompt)
-        if raw is None:  # a negative id or a bad item: struct converts it or names the item
+        # nonnegative_ids without its copy: only the new tokens are copied (and checked).
+        # Inline, as the calls of this path cost more than their work, most likely because
+        # the caller's big lists, made and freed between turns, leave the caches cold.
+        arr = array("I")
+        try:
+            arr.fromlist(prompt)
+        except Exception:  # a negative id or a bad item: struct converts it or names the item
             written = self._extend_or_restart(_int32_bytes(prompt, "prompt_ids"))
         else:
+            raw = memoryview(arr).cast("B")
             used = self._used
             # Not with a negative id held: the prompt holds none, so it cannot extend.
             if (
@@ -229,8 +264,8 @@ class TurnRecorder:
                 and self._buf.startswith(raw[:used])
             ):
                 tail = raw[used:].tobytes()
-                if nonnegative(tail):  # all below 2**31 (the held part matched ids >= 0)
-                    self._append(tail, nonnegative_known=True)
+                if tail[SIGN_BYTE::4].isascii():  # all < 2**31 (the held part matched ids >= 0)
+                    self._append(tail, True)
                     self._stats["extended"] += 1
                     return len(tail) // 4
             whole = raw.tobytes()
@@ -239,7 +274,7 @@ class TurnRecorder:
                 raise AssertionError("unreachable")  # pragma: no cover
             if self._stats["turns"]:
                 self._stats["restarted"] += 1
-            self._restart(whole, nonnegative_known=True)
+            self._restart(whole, True)
             written = len(whole) // 4
         self._objects = list(prompt) if self._track_objects else None
         return written
