@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import os
 import resource
+import sys
 import time
 from typing import Any
 
@@ -38,6 +39,8 @@ import trio
 RATE = float(os.environ.get("TRIO_SWE_SCALE_RATE", "100"))  # sandboxes started per second
 END_RATE = float(os.environ.get("TRIO_SWE_SCALE_END_RATE", "50"))  # command ends per second
 POLL = float(os.environ.get("TRIO_SWE_SCALE_POLL", "20"))
+#: Serve with the test server's lean HTTP/2 server (1) or hypercorn (0).
+LEAN = os.environ.get("TRIO_SWE_SCALE_LEAN", "1") == "1"
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -45,6 +48,11 @@ def _pct(values: list[float], q: float) -> float:
         return math.nan
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _uptime() -> str:
+    with open("/proc/loadavg") as f:
+        return "load average " + " ".join(f.read().split()[:3])
 
 
 def _cpu() -> float:
@@ -79,17 +87,20 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
 
     info = srv.info
     ramp = n / RATE
-    hold = 2 * POLL + 5.0
+    hold = float(os.environ.get("TRIO_SWE_SCALE_HOLD", 2 * POLL + 5.0))
     spread = n / END_RATE
     kw: dict[str, Any] = {}
     if "TRIO_SWE_SCALE_STREAMS" in os.environ:
         kw["streams_per_connection"] = int(os.environ["TRIO_SWE_SCALE_STREAMS"])
+    if "TRIO_SWE_SCALE_KEEPALIVE" in os.environ:
+        kw["keepalive_interval"] = float(os.environ["TRIO_SWE_SCALE_KEEPALIVE"])
     if "TRIO_SWE_SCALE_CONNS" in os.environ:
         kw["max_connections"] = int(os.environ["TRIO_SWE_SCALE_CONNS"])
 
     async def main() -> dict[str, Any]:
         errors: list[str] = []
         returned: dict[str, float] = {}
+        seen: dict[str, float] = {}  # tag -> when the wait RPC's "done" reply was in hand
         # (t, client cpu, server cpu, spawns, waits) every second
         samples: list[tuple[float, float, float, int, int]] = []
         cpu0 = _cpu()
@@ -108,7 +119,8 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                 code = i % 7
                 end = first_end + spread * i / n
                 try:
-                    async with open_sandbox(backend, "base", workdir="/tmp", ttl_sec=3600) as sb:
+                    async with open_sandbox(backend, "base", workdir="/tmp", ttl_sec=3600) as raw:
+                        sb = _WaitClock(raw, seen)
                         sec = max(1.0, end - time.monotonic())
                         r = await exec_and_wait(
                             sb,
@@ -143,9 +155,40 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                 await trio.sleep_until(trio.current_time() + (first_end - time.monotonic()) - 1.0)
                 pools_steady.extend(_pool_figures(backend.statistics()))
 
+            lags: list[tuple[float, float]] = []  # (when, how late a 10 ms sleep woke)
+
+            async def loop_lag() -> None:
+                while True:
+                    t = trio.current_time()
+                    await trio.sleep(0.01)
+                    lags.append((time.monotonic(), trio.current_time() - t - 0.01))
+
+            async def profile() -> None:
+                which = os.environ.get("TRIO_SWE_SCALE_PROFILE", "")
+                if not which:
+                    return
+                import cProfile
+
+                if which.startswith("steady"):
+                    start, stop = t0 + ramp + 5.0, first_end - 1.0
+                elif which.startswith("ramp"):
+                    start, stop = t0, t0 + ramp
+                else:  # "end": while the commands end
+                    start, stop = first_end, first_end + spread
+                await trio.sleep_until(trio.current_time() + start - time.monotonic())
+                prof = cProfile.Profile(time.thread_time)
+                c0 = _cpu()
+                prof.enable()
+                await trio.sleep_until(trio.current_time() + stop - time.monotonic())
+                prof.disable()
+                profiles.append((which, stop - start, _cpu() - c0, prof))
+
+            profiles: list[tuple[str, float, float, Any]] = []
             async with trio.open_nursery() as outer:
                 outer.start_soon(monitor)
                 outer.start_soon(snapshot_pools)
+                outer.start_soon(loop_lag)
+                outer.start_soon(profile)
                 async with trio.open_nursery() as nursery:
                     for i in range(n):
                         nursery.start_soon(one, i)
@@ -163,14 +206,32 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
             "wall": wall,
             "pools_steady": pools_steady,
             "pools_end": pools_end,
+            "lags": lags,
+            "seen": seen,
+            "profiles": profiles,
         }
 
     out = trio.run(main)
+    for which, window, cpu_used, prof in out["profiles"]:
+        from bench.bench_e2b import _profile_report
+
+        print(
+            f"    profile '{which}': {window:.0f} s, {cpu_used:.1f} CPU s "
+            f"({cpu_used / window * 100:.0f} % of a core, profiler-inflated)",
+            file=sys.stderr,
+        )
+        os.environ.setdefault("TRIO_SWE_BENCH_PROFILE", "2" if which.endswith("2") else "1")
+        _profile_report(prof, 1)
     ends: dict[str, float] = srv.query("ends")
     stats = srv.query("stats")
     replied: dict[str, float] = srv.query("replied")
+    srv_lags: list[list[float]] = srv.query("lags")
+    srv_lag_end = [lag for t, lag in srv_lags if t >= out["first_end"]]
     lat = [out["returned"][t] - ends[t] for t in out["returned"] if t in ends]
     srv_lat = [replied[t] - ends[t] for t in out["returned"] if t in ends and t in replied]
+    seen = out["seen"]
+    rpc_lat = [seen[t] - replied[t] for t in out["returned"] if t in seen and t in replied]
+    wake_lat = [out["returned"][t] - seen[t] for t in out["returned"] if t in seen]
     # Steady state: every command spawned, none ended yet.
     steady = [s for s in out["samples"] if s[3] >= n and s[0] < out["first_end"]]
     cpu = srv_cpu = math.nan
@@ -181,8 +242,22 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
         cpu = (steady[-1][1] - steady[0][1]) / window * 100
         srv_cpu = (steady[-1][2] - steady[0][2]) / window * 100
         waits = steady[-1][4] - steady[0][4]
+    lag_steady = [lag for t, lag in out["lags"] if steady and steady[0][0] <= t < out["first_end"]]
+    lag_end = [lag for t, lag in out["lags"] if t >= out["first_end"]]
+    end_cpu = end_srv_cpu = math.nan
+    ending = [s for s in out["samples"] if s[0] >= out["first_end"]]
+    if len(ending) >= 2:
+        span = ending[-1][0] - ending[0][0]
+        end_cpu = (ending[-1][1] - ending[0][1]) / span * 100
+        end_srv_cpu = (ending[-1][2] - ending[0][2]) / span * 100
     return {
         "n": n,
+        "uptime": _uptime(),
+        "lag_steady": (_pct(lag_steady, 0.5) * 1e3, _pct(lag_steady, 0.99) * 1e3),
+        "lag_end": (_pct(lag_end, 0.5) * 1e3, _pct(lag_end, 0.99) * 1e3),
+        "end_cpu_pct": end_cpu,
+        "srv_lag_end": (_pct(srv_lag_end, 0.5) * 1e3, _pct(srv_lag_end, 0.99) * 1e3),
+        "end_server_cpu_pct": end_srv_cpu,
         "errors": out["errors"],
         "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
         "cpu_pct": cpu,
@@ -196,6 +271,10 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
         "p99": _pct(lat, 0.99) * 1e3,
         "max": max(lat) * 1e3 if lat else math.nan,
         "measured": len(lat),
+        "rpc_p50": _pct(rpc_lat, 0.5) * 1e3,
+        "rpc_p99": _pct(rpc_lat, 0.99) * 1e3,
+        "wake_p50": _pct(wake_lat, 0.5) * 1e3,
+        "wake_p99": _pct(wake_lat, 0.99) * 1e3,
         "server_p50": _pct(srv_lat, 0.5) * 1e3,
         "server_p99": _pct(srv_lat, 0.99) * 1e3,
         "wall": out["wall"],
@@ -214,6 +293,8 @@ def _report(r: dict[str, Any]) -> None:
         f"  N = {n:,} concurrent detached `sleep D; exit K` (ramp {r['ramp']:.0f} s, ends spread "
         f"over {r['spread']:.0f} s, poll {POLL:g} s), wall {r['wall']:.0f} s"
     )
+    client = os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT", "default")
+    print(f"    {r['uptime']} at the end; client {client}")
     print(f"    errors                         {len(r['errors'])}  {r['errors'][:3]}")
     print(f"    transient failures (retried)   {r['failures']}")
     print(f"    client peak RSS                {r['rss_mb']:.0f} MB")
@@ -227,12 +308,23 @@ def _report(r: dict[str, Any]) -> None:
         f"spawn, waits, cleanup, kill); load average at the end {r['load']:.1f}"
     )
     print(
+        f"    client CPU while ending        {r['end_cpu_pct']:.1f} % of one core (server "
+        f"{r['end_server_cpu_pct']:.1f} %); event loop "
+        f"lag (10 ms sleep) p50/p99 steady {r['lag_steady'][0]:.1f}/{r['lag_steady'][1]:.1f} ms, "
+        f"ending {r['lag_end'][0]:.1f}/{r['lag_end'][1]:.1f} ms (server's "
+        f"{r['srv_lag_end'][0]:.1f}/{r['srv_lag_end'][1]:.1f} ms)"
+    )
+    print(
         f"    end -> caller has exit code    p50 {r['p50']:.0f} ms, p99 {r['p99']:.0f} ms, "
         f"max {r['max']:.0f} ms ({r['measured']} calls)"
     )
     print(
         f"      of which the server's reply  p50 {r['server_p50']:.0f} ms, "
         f"p99 {r['server_p99']:.0f} ms (end -> its wait reply is ready)"
+    )
+    print(
+        f"      reply ready -> wait RPC back p50 {r['rpc_p50']:.0f} ms, p99 {r['rpc_p99']:.0f} ms; "
+        f"wait RPC back -> call returns p50 {r['wake_p50']:.0f} ms, p99 {r['wake_p99']:.0f} ms"
     )
     for p in r["pools_steady"]:
         conns = max(1, p["connections"])
@@ -257,7 +349,8 @@ def main() -> None:
     sizes = [int(x) for x in os.environ.get("TRIO_SWE_SCALE_N", "1000").split(",") if x]
     print("E2B client at scale, synthetic envd server in a subprocess (TLS h2, loopback)")
     for n in sizes:
-        with EnvdServerProcess(synthetic=True, tls=True) as srv:
+        print(f"  start: {_uptime()}; server {'lean h2' if LEAN else 'hypercorn'}", flush=True)
+        with EnvdServerProcess(synthetic=True, tls=True, lean_http2=LEAN) as srv:
             _report(run_one(n, srv))
     print(
         "  goals (issue 13): 0 errors; at 10,000 RSS < 1 GB and CPU < 50 %; "
@@ -267,6 +360,24 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+class _WaitClock:
+    """Wraps a sandbox; records when a detached wait RPC's "done" reply was in hand (by tag)."""
+
+    def __init__(self, sb: Any, seen: dict[str, float]) -> None:
+        self._sb = sb
+        self._seen = seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sb, name)
+
+    async def exec(self, cmd: str, **kw: Any) -> Any:
+        result = await self._sb.exec(cmd, **kw)
+        if "flock -s -w" in cmd and " done " in result.output:
+            tag = cmd.split("cd ", 1)[1].split(" ", 1)[0].rsplit("/", 1)[-1]
+            self._seen.setdefault(tag, time.monotonic())
+        return result
 
 
 # --- the 200-sandbox spawn stall (issue 13) ---------------------------------------------------

@@ -10,6 +10,7 @@ import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import msgspec
@@ -53,8 +54,10 @@ class EnvdServerStatistics(msgspec.Struct, frozen=True, kw_only=True):
         sandboxes_died: sandboxes found dead on their own (and reclaimed).
         processes_running: processes running in all sandboxes.
         faults_injected: faults injected, by kind (app-level and frame-level).
-        connections: client connections accepted by hypercorn.
+        connections: client connections accepted.
         connection_errors: connections that ended in an error.
+        lean_connections: of the accepted, those served by the lean HTTP/2 server
+            (``lean_http2=True``); the others went to hypercorn.
         proxy: the HTTP/2 fault proxy's counters, when it runs.
     """
 
@@ -71,6 +74,7 @@ class EnvdServerStatistics(msgspec.Struct, frozen=True, kw_only=True):
     faults_injected: dict[str, int]
     connections: int
     connection_errors: int
+    lean_connections: int = 0
     proxy: FaultProxyStatistics | None = None
 
 
@@ -135,6 +139,7 @@ class EnvdServer:
             faults_injected=dict(self.faults.injected()),
             connections=self._connections["connections"],
             connection_errors=self._connections["connection_errors"],
+            lean_connections=self._connections["lean_connections"],
             proxy=self._proxy.statistics() if self._proxy is not None else None,
         )
 
@@ -205,6 +210,7 @@ async def open_envd_server(
     host: str = "127.0.0.1",
     ca: Any | None = None,
     user_aliases: Mapping[str, str] | None = None,
+    lean_http2: bool = False,
 ) -> AsyncIterator[EnvdServer]:
     """Serve E2B's REST lifecycle API and envd's process/file APIs on loopback.
 
@@ -239,6 +245,10 @@ async def open_envd_server(
             per process when the client caches its trust store (the e2b SDK does).
         user_aliases: user names mapped to sandbox users (default ``{"user": "agent"}``: the
             SDK's ``user="user"`` runs as the local sandbox's unprivileged user).
+        lean_http2: serve HTTP/2-over-TLS connections with a lean server of our own instead
+            of hypercorn (which at thousands of streams queues requests and replies in its
+            per-frame awaits: the server, not the client, becomes what a load test measures).
+            TLS only, no fault proxy (frame faults need hypercorn behind the proxy).
 
     Yields:
         The running :class:`EnvdServer`.
@@ -251,6 +261,8 @@ async def open_envd_server(
 
     plan = faults if faults is not None else FaultPlan()
     use_proxy = (faults is not None) if fault_proxy is None else fault_proxy
+    if lean_http2 and (use_proxy or not tls or not http2):
+        raise InvalidArgumentError("lean_http2 needs tls=True, http2=True and no fault proxy")
     handoff = FaultHandoff()
     with tempfile.TemporaryDirectory(prefix="trio-swe-envd-") as tmp:
         default_image = os.path.join(tmp, "empty-template")
@@ -309,7 +321,17 @@ async def open_envd_server(
                     trio.SSLListener(lst, ssl_ctx, https_compatible=True) for lst in sockets
                 ]
             conn_stats: Counter[str] = Counter()
-            await nursery.start(serve_connections, app, config, listeners, conn_stats)
+            await nursery.start(
+                partial(
+                    serve_connections,
+                    lean=lean_http2,
+                    max_streams=max_concurrent_streams,
+                ),
+                app,
+                config,
+                listeners,
+                conn_stats,
+            )
             proxy = None
             if use_proxy:
                 from ._h2proxy import FaultProxy

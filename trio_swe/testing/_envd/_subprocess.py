@@ -8,6 +8,10 @@ loopback and prints one JSON line (``api_url``, ``sandbox_url``, ``ca_path``, ``
   backend's counters, and the process's CPU seconds and peak RSS;
 * ``ends``: ``{nonce: scheduled end}`` of every synthetic detached command (``time.monotonic()``);
 * ``replied``: ``{nonce: when a wait script's reply saying "done" was ready}``;
+* ``lags``: ``[[when, lag], ...]``: how late a 10 ms sleep of the server's event loop woke
+  (``time.monotonic()``, seconds), sampled all along: a busy server shows here;
+* ``profile_start`` / ``profile_stop PATH``: a cProfile of the server's thread (CPU time)
+  between the two, dumped to ``PATH`` (``pstats`` format);
 
 and exits when stdin closes. :class:`EnvdServerProcess` starts and talks to it.
 """
@@ -34,13 +38,17 @@ def _serve(args: argparse.Namespace) -> None:
     synthetic = SyntheticBackend(boot_sec=args.boot_sec) if args.synthetic else None
 
     async def main() -> None:
-        async with open_envd_server(
-            backend=synthetic,  # None: the default backend (real local sandboxes)
-            tls=args.tls,
-            api_key="bench-key",
-            sandbox_ttl_sec=args.ttl_sec,
-            max_concurrent_streams=args.max_streams,
-        ) as server:
+        async with (
+            open_envd_server(
+                backend=synthetic,  # None: the default backend (real local sandboxes)
+                tls=args.tls,
+                api_key="bench-key",
+                sandbox_ttl_sec=args.ttl_sec,
+                max_concurrent_streams=args.max_streams,
+                lean_http2=args.lean,
+            ) as server,
+            trio.open_nursery() as server_nursery,
+        ):
             info = {
                 "api_url": server.api_url,
                 "sandbox_url": server.sandbox_url,
@@ -49,10 +57,34 @@ def _serve(args: argparse.Namespace) -> None:
                 "pid": os.getpid(),
             }
             print(json.dumps(info), flush=True)
+            lags: list[tuple[float, float]] = []
+            profile: Any = None
+
+            async def loop_lag() -> None:
+                while True:
+                    t = trio.current_time()
+                    await trio.sleep(0.01)
+                    lags.append((time.monotonic(), trio.current_time() - t - 0.01))
+
+            server_nursery.start_soon(loop_lag)
             receive = trio.wrap_file(sys.stdin)
             while line := (await receive.readline()).strip():
                 out: Any
-                if line == "stats":
+                if line == "lags":
+                    out = lags
+                elif line == "profile_start":
+                    import cProfile
+
+                    profile = cProfile.Profile(time.thread_time)
+                    profile.enable()
+                    out = {}
+                elif line.startswith("profile_stop "):
+                    if profile is not None:
+                        profile.disable()
+                        profile.dump_stats(line.split(" ", 1)[1])
+                    profile = None
+                    out = {}
+                elif line == "stats":
                     usage = resource.getrusage(resource.RUSAGE_SELF)
                     out = {
                         "server": msgspec.to_builtins(server.statistics()),
@@ -70,6 +102,7 @@ def _serve(args: argparse.Namespace) -> None:
                 else:
                     out = {"error": f"unknown command {line!r}"}
                 print(json.dumps(out), flush=True)
+            server_nursery.cancel_scope.cancel()
 
     trio.run(main)
 
@@ -89,6 +122,7 @@ class EnvdServerProcess:
         boot_sec: float = 0.0,
         ttl_sec: float = 3600.0,
         max_streams: int = 100,
+        lean_http2: bool = False,
     ) -> None:
         self._argv = [sys.executable, "-m", "trio_swe.testing._envd._subprocess"]
         if synthetic:
@@ -97,6 +131,8 @@ class EnvdServerProcess:
             self._argv.append("--tls")
         self._argv += ["--boot-sec", str(boot_sec), "--ttl-sec", str(ttl_sec)]
         self._argv += ["--max-streams", str(max_streams)]
+        if lean_http2:
+            self._argv.append("--lean")
         self.info: dict[str, Any] = {}
 
     def __enter__(self) -> EnvdServerProcess:
@@ -139,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--boot-sec", type=float, default=0.0)
     parser.add_argument("--ttl-sec", type=float, default=3600.0)
     parser.add_argument("--max-streams", type=int, default=100)
+    parser.add_argument("--lean", action="store_true", help="lean HTTP/2 server (TLS only)")
     _serve(parser.parse_args(argv))
 
 
