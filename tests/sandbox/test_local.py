@@ -153,6 +153,10 @@ async def test_kill_removes_daemons_mounts_and_state(image: Path, tmp_path: Path
     with pytest.raises(SandboxNotRunningError):
         await sb.exec("true")
     await sb.kill()  # killing twice is fine
+    # The state directory went to the trash at once; closing the backend waits for its removal.
+    await backend.aclose()
+    assert backend.statistics().removals_pending == 0
+    assert list((state / "trash").iterdir()) == []
 
 
 async def test_exec_timeout_kills_the_command(image: Path) -> None:
@@ -202,6 +206,8 @@ async def test_cancellation_at_random_points_leaves_nothing(image: Path, tmp_pat
     stats = backend.statistics()
     assert stats.live == 0
     assert stats.created == stats.killed
+    await backend.aclose()
+    assert list((state / "trash").iterdir()) == []
 
 
 async def test_missing_bwrap_names_the_package(
@@ -318,3 +324,48 @@ async def test_read_file_returns_large_files_whole(image: Path) -> None:
         assert len(data) == 9 * 1024 * 1024
         expected = (await sb.read_file("/tmp/big.sum")).split()[0].decode()
         assert hashlib.sha256(data).hexdigest() == expected
+
+
+async def test_state_removal_runs_before_the_process_exits(image: Path, tmp_path: Path) -> None:
+    """The kill moves the state directory to the trash and removes it in the background; a
+    process that exits right after its last kill still leaves nothing behind."""
+    state = tmp_path / "state"
+    script = tmp_path / "owner.py"
+    script.write_text(
+        "import trio\n"
+        "from trio_swe import open_sandbox\n"
+        "from trio_swe.sandbox.local import LocalBackend\n"
+        "async def main():\n"
+        f"    backend = LocalBackend(state_dir={str(state)!r})\n"
+        "    for _ in range(3):\n"
+        f"        async with open_sandbox(backend, {str(image)!r}) as sb:\n"
+        # Many files in the overlay's upper layer and in root's home: a removal that takes a
+        # while, still queued or running when the process starts to exit.
+        "            r = await sb.exec('mkdir -p d ~/d && for i in $(seq 300); do : > d/$i;"
+        " : > ~/d/$i; done', timeout=60)\n"
+        "            assert r.ok, r.output\n"
+        "trio.run(main)\n"
+    )
+    done = await trio.run_process([sys.executable, str(script)], capture_stderr=True, check=False)
+    assert done.returncode == 0, done.stderr.decode()
+    assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
+    assert list((state / "trash").iterdir()) == []
+
+
+def _pid_of_nobody() -> int:
+    return int(Path("/proc/sys/kernel/pid_max").read_text())  # pids stay below it
+
+
+async def test_trash_of_a_dead_process_is_swept_at_start(image: Path, tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    dead_pid = _pid_of_nobody()
+    stale = state / "trash" / f"sb-{dead_pid}-0-abcdef"
+    (stale / "upper").mkdir(parents=True)
+    (stale / "upper" / "f").write_text("left by a SIGKILLed owner")
+    mine = state / "trash" / f"sb-{os.getpid()}-99-abcdef"
+    mine.mkdir()  # this process's own (a removal in flight): not the sweep's to take
+    backend = LocalBackend(state_dir=state)
+    async with open_sandbox(backend, str(image)):
+        pass
+    await backend.aclose()
+    assert sorted(p.name for p in (state / "trash").iterdir()) == [mine.name]

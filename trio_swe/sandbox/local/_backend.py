@@ -27,6 +27,7 @@ from ..oci._unpack import read_file_in
 from ._image import ImageCache, check_local_image, commit_mismatch
 from ._rootfs import plan_root_args, workdir_problem
 from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
+from ._trash import Trash, owner_gone
 from ._users import ROOT, group_with, passwd_with, pick_agent_user
 
 WorkspaceMode = Literal["auto", "overlay", "copy"]
@@ -109,10 +110,13 @@ class LocalBackendStatistics(BackendStatistics, frozen=True, kw_only=True):
         workspace_mode: ``"overlay"``, ``"copy"``, or ``"unknown"`` before the first boot of a
             backend in ``"auto"`` mode.
         oci: the OCI image cache's counters.
+        removals_pending: killed sandboxes whose state directory is still being removed in
+            the background (``aclose`` waits for them).
     """
 
     workspace_mode: str
     oci: OciStoreStatistics
+    removals_pending: int = 0
 
 
 class LocalBackend(trio.abc.AsyncResource):
@@ -205,6 +209,7 @@ class LocalBackend(trio.abc.AsyncResource):
         )
         self._env = dict(env or {})
         self._images = ImageCache(self._root / "images")
+        self._trash = Trash(self._root)
         self._oci = OciStore(
             Path(oci_cache_dir) if oci_cache_dir is not None else self._root / "oci",
             plain_http=plain_http_registries,
@@ -216,8 +221,10 @@ class LocalBackend(trio.abc.AsyncResource):
         self._checked = False
 
     async def aclose(self) -> None:
-        """Nothing to release: a local backend holds no connections, and its sandboxes are
-        killed by :func:`~trio_swe.open_sandbox`."""
+        """Wait for the removal of killed sandboxes' state directories (they run in the
+        background, see :meth:`LocalSandbox.kill`). A local backend holds no connections, and
+        its sandboxes are killed by :func:`~trio_swe.open_sandbox`."""
+        await self._trash.wait()
 
     def check_image(self, image: str, *, commit: str | None = None) -> str | None:
         """Why ``image`` cannot boot here, or None: a directory, or ``path@commit`` of a git
@@ -236,7 +243,11 @@ class LocalBackend(trio.abc.AsyncResource):
         if self._workspace == "copy":
             mode = "copy"
         return LocalBackendStatistics(
-            **self._stats, live=len(self._live), workspace_mode=mode, oci=self._oci.statistics()
+            **self._stats,
+            live=len(self._live),
+            workspace_mode=mode,
+            oci=self._oci.statistics(),
+            removals_pending=self._trash.pending,
         )
 
     # -- checks -------------------------------------------------------------------------------
@@ -276,12 +287,9 @@ class LocalBackend(trio.abc.AsyncResource):
     def _sweep_stale(self) -> None:
         """Remove state left by processes that died without cleaning up (e.g. SIGKILLed)."""
         for entry in self._root.glob("sb-*"):
-            try:
-                pid = int(entry.name.split("-")[1])
-            except (IndexError, ValueError):
-                continue
-            if pid != os.getpid() and not Path(f"/proc/{pid}").exists():
+            if owner_gone(entry.name):
                 shutil.rmtree(entry, ignore_errors=True)
+        self._trash.sweep()
 
     # -- boot -------------------------------------------------------------------------------
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> LocalSandbox:
@@ -374,6 +382,7 @@ class LocalBackend(trio.abc.AsyncResource):
                 image_root=oci is not None,
                 boot_sec=time.monotonic() - t0,
                 on_close=self._closed,
+                trash=self._trash,
             )
         except BaseException:
             self._stats["boot_failures"] += 1

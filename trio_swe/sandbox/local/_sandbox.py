@@ -25,6 +25,7 @@ from .._background import PosArgs, start_in
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from ._process import LocalProcess, nsenter_argv, start_local_process
+from ._trash import Trash
 from ._users import ROOT, SandboxUser
 
 #: ``exec`` keeps at most this much output (the tail), so a runaway command cannot eat memory.
@@ -101,6 +102,7 @@ class LocalSandbox:
         image_root: bool = False,
         boot_sec: float,
         on_close: Any = None,
+        trash: Trash | None = None,
     ) -> None:
         self._id = sandbox_id
         self._workdir = workdir
@@ -114,6 +116,7 @@ class LocalSandbox:
         self._workspace_mode = workspace_mode
         self._image_root = image_root
         self._on_close = on_close
+        self._trash = trash
         self._dead = trio.Event()
         self._killed = False
         self._processes: set[LocalProcess] = set()
@@ -408,7 +411,11 @@ class LocalSandbox:
 
     # -- lifecycle --------------------------------------------------------------------------
     async def kill(self) -> None:
-        """Kill every process in the sandbox and remove its files on the host. Idempotent."""
+        """Kill every process in the sandbox and remove its files on the host. Idempotent.
+
+        Every process is gone when this returns; the state directory is moved into the
+        backend's trash, removed in the background (see :mod:`._trash`).
+        """
         if self._killed:
             return
         self._killed = True
@@ -423,7 +430,10 @@ class LocalSandbox:
                 await close_process_streams(self._bwrap)
                 for proc in list(self._processes):
                     await proc.aclose()
-                await trio.to_thread.run_sync(shutil.rmtree, self._state_dir, True)
+                if self._trash is not None:
+                    self._trash.discard(self._state_dir)
+                else:
+                    await trio.to_thread.run_sync(shutil.rmtree, self._state_dir, True)
             finally:
                 self._dead.set()
                 self._stats["kill_sec"] = time.monotonic() - t0
