@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trio_swe.grading._patch import (
+    NOT_APPLIED_STATUS,
     apply_script,
     is_empty_patch,
     parse_head,
@@ -86,9 +87,12 @@ def _run_script(
         paths=paths if inline else None,
         expect_head=expect_head,
     )
-    return subprocess.run(["bash", "-c", script], capture_output=True, check=True).stdout.decode(
-        errors="replace"
-    )
+    done = subprocess.run(["bash", "-c", script], capture_output=True, check=False)
+    out = done.stdout.decode(errors="replace")
+    # The exit status says what the verdict says: 0 after `ok`, NOT_APPLIED_STATUS otherwise
+    # (graders gate the tests on it).
+    assert done.returncode == (0 if parse_verdict(out)[0] else NOT_APPLIED_STATUS), out
+    return out
 
 
 def _status(repo: Path) -> str:

@@ -32,6 +32,9 @@ RUNGS: Final = ("git_apply", "git_apply_3way", "git_apply_reject", "patch_fuzz")
 EMPTY: Final = "empty"
 #: The verdict line the script prints last (``@@TRIO_SWE_APPLY ok <rung>`` / ``failed``).
 VERDICT: Final = "@@TRIO_SWE_APPLY"
+#: The script's exit status when it applied nothing (any verdict but ``ok``); 0 only after
+#: ``ok``, so a shell can gate the tests on it.
+NOT_APPLIED_STATUS: Final = 3
 
 #: Configuration every git command of grading runs with, as ``GIT_CONFIG_*`` variables (they
 #: outrank the repository's own config and reach the git commands inside eval scripts): no
@@ -276,12 +279,31 @@ HEAD_MARK: Final = "@@TRIO_SWE_HEAD"
 _HEX_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 #: Bytes written as themselves by :func:`printf_bytes`; every other byte as an octal escape.
 _PRINTF_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._/-+,:@=")
+#: With ``text=True`` also printable ASCII, spaces, tabs and newlines (literal inside single
+#: quotes): only ``'``, ``\\``, other control bytes and non-ASCII bytes are escaped.
+_PRINTF_TEXT_SAFE = frozenset(b for b in range(0x20, 0x7F) if b not in b"'\\") | frozenset(b"\n\t")
+_PRINTF_MAPS = {
+    text: {b: f"\\0{b:03o}" for b in range(256) if b not in safe}
+    for text, safe in ((False, _PRINTF_SAFE), (True, _PRINTF_TEXT_SAFE))
+}
 
 
-def printf_bytes(data: bytes) -> str:
+def printf_bytes(data: bytes, *, text: bool = False) -> str:
     """An ASCII argument of bash's ``printf '%b'`` that prints exactly ``data`` (NULs and any
-    byte included): every byte outside a safe set becomes ``\\0NNN``."""
-    return "".join(chr(b) if b in _PRINTF_SAFE else f"\\0{b:03o}" for b in data)
+    byte included): every byte outside a safe set becomes ``\\0NNN``. ``text``: the wider safe
+    set, for a single-quoted argument (a patch stays about its own size)."""
+    return data.decode("latin-1").translate(_PRINTF_MAPS[text])
+
+
+#: ``up PATH`` sets ``D`` to ``dirname -- PATH`` (POSIX's steps, in bash, without a process;
+#: a leading ``//`` becomes ``/``, where GNU keeps it).
+DIRNAME_FUNCTION: Final = (
+    'up() { D=$1; [ -n "$D" ] || { D=.; return; }; '
+    "case $D in *[!/]*) ;; *) D=/; return;; esac; "
+    "while [[ $D == */ ]]; do D=${D%/}; done; "
+    "case $D in */*) ;; *) D=.; return;; esac; "
+    'D=${D%/*}; while [[ $D == */ ]]; do D=${D%/}; done; [ -n "$D" ] || D=/; }'
+)
 
 
 def apply_script(
@@ -292,13 +314,15 @@ def apply_script(
     state_dir: str,
     paths: bytes | None = None,
     expect_head: str | None = None,
+    state_ready: bool = False,
 ) -> str:
     """The bash script that runs the ladder in ``workdir``.
 
     Args:
         workdir: the repository.
-        patch_path: the diff, already written in the sandbox; None for an empty patch (then
-            the script only does the ``expect_head`` check and reports rung ``empty``).
+        patch_path: the diff, already written in the sandbox; None for an empty patch
+            (:func:`is_empty_patch`: then the script only does the ``expect_head`` check and
+            reports rung ``empty``).
         list_path: where the NUL-separated :func:`touched_paths` are (already written, unless
             ``paths`` is given).
         state_dir: a fresh directory for the snapshot and the rungs' log (``apply.log``).
@@ -308,9 +332,12 @@ def apply_script(
             least 7 hex digits matches). The script prints :data:`HEAD_MARK` and, when the
             checkout is another commit, applies nothing (verdict ``wrong_head``). A workdir
             with no commit is not checked.
+        state_ready: ``state_dir`` exists already (one process fewer).
 
-    The script always exits 0 and prints :data:`VERDICT` lines; parse with :func:`parse_verdict`,
-    :func:`parse_refusal` and :func:`parse_head`.
+    The script prints :data:`VERDICT` lines; parse with :func:`parse_verdict`,
+    :func:`parse_refusal` and :func:`parse_head`. It exits 0 right after an ``ok`` verdict and
+    :data:`NOT_APPLIED_STATUS` after any other (an error of its own gives another non-zero
+    status): a shell may run the tests only on 0, and the caller checks that both agree.
     """
     q = shlex.quote
     rungs = [
@@ -325,8 +352,8 @@ def apply_script(
     lines = [
         "set -u",
         f'P={q(patch_path or "/dev/null")}; L={q(list_path)}; S={q(state_dir)}; LOG="$S/apply.log"',
-        'mkdir -p "$S" && : >"$LOG"',
-        f'cd {q(workdir)} || {{ echo "{VERDICT} failed cd"; exit 0; }}',
+        ': >"$LOG"' if state_ready else 'mkdir -p "$S" && : >"$LOG"',
+        f'cd {q(workdir)} || {{ echo "{VERDICT} failed cd"; exit {NOT_APPLIED_STATUS}; }}',
         # No hook or fsmonitor of the repository runs (see GIT_SAFE_ENV).
         "g() { git -c safe.directory='*' -c core.quotepath=off -c core.hooksPath=/dev/null "
         '-c core.fsmonitor=false -c gc.auto=0 "$@"; }',
@@ -338,7 +365,7 @@ def apply_script(
         lines += [
             'H=$(g rev-parse --verify -q "HEAD^{commit}" 2>/dev/null) || H=""',
             f'echo "{HEAD_MARK} $H"',
-            f'case "$H" in {match}) ;; *) echo "{VERDICT} wrong_head"; exit 0;; esac',
+            f'case "$H" in {match}) ;; *) echo "{VERDICT} wrong_head"; exit {NOT_APPLIED_STATUS};; esac',
         ]
     if patch_path is None:
         lines.append(f'echo "{VERDICT} ok {EMPTY}"; exit 0')
@@ -346,15 +373,15 @@ def apply_script(
     if paths is not None:
         lines.append(f"printf '%b' {q(printf_bytes(paths))} >\"$L\"")
     lines += [
-        f'if ! grep -q \'[^[:space:]]\' "$P"; then echo "{VERDICT} ok {EMPTY}"; exit 0; fi',
         # Nothing is written through a symlink already in the tree (git 2.39's apply --3way
         # and patch both would); every rung starts from this same tree.
+        DIRNAME_FUNCTION,
         "R=0",
-        "while IFS= read -r -d '' f; do d=$(dirname -- \"$f\")",
+        "while IFS= read -r -d '' f; do up \"$f\"; d=$D",
         '  while [ "$d" != . ] && [ "$d" != / ]; do',
         '    if [ -L "$d" ]; then echo "refused: $f is beyond the symlink $d"; R=1; fi',
-        '    d=$(dirname -- "$d"); done; done <"$L"',
-        f'if [ "$R" = 1 ]; then echo "{VERDICT} refused"; exit 0; fi',
+        '    up "$d"; d=$D; done; done <"$L"',
+        f'if [ "$R" = 1 ]; then echo "{VERDICT} refused"; exit {NOT_APPLIED_STATUS}; fi',
     ]
     snapshot = [
         'GD=$(g rev-parse --absolute-git-dir 2>/dev/null) || GD=""',
@@ -375,7 +402,7 @@ def apply_script(
             # Plain `git apply` is atomic (it writes nothing unless every hunk applies), so the
             # tree is still untouched here: the snapshot is only paid for when rung 1 fails.
             lines += snapshot
-    lines.append(f'echo "{VERDICT} failed"')
+    lines.append(f'echo "{VERDICT} failed"; exit {NOT_APPLIED_STATUS}')
     return "\n".join(lines) + "\n"
 
 

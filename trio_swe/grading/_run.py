@@ -13,7 +13,15 @@ from typing import Final
 import msgspec
 
 from .._errors import SandboxError, SandboxFileNotFoundError, SandboxFileTooLargeError
-from ..sandbox import Backend, ExecResult, Sandbox, exec_and_wait, image_for, open_sandbox
+from ..sandbox import (
+    EXIT_TIME_BUDGET_EXCEEDED,
+    Backend,
+    ExecResult,
+    Sandbox,
+    exec_and_wait,
+    image_for,
+    open_sandbox,
+)
 from . import _result as R
 from ._harness import collecting
 from ._patch import (
@@ -37,6 +45,7 @@ from ._result import (
     EvalResult,
     log_tail,
 )
+from ._staged import read_stages, staged_command
 from ._types import InstanceMetadata
 
 #: Scratch directory of the grader inside the eval sandbox (outside the repository).
@@ -223,6 +232,16 @@ INLINE_LOG_BYTES: Final = 64 * 1024 - 64
 _LOG_HEADER: Final = "@@TRIO_SWE_LOG"
 
 
+def _here_doc(text: str, path: str) -> str:
+    """Shell that writes ``text`` (a line feed added if missing) to ``path`` verbatim: a quoted
+    here-document whose fresh delimiter is no line of the text."""
+    body = text if text.endswith("\n") else text + "\n"
+    delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
+    while delim in body.split("\n"):  # a line equal to the delimiter would end it early
+        delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
+    return f"cat > {shlex.quote(path)} <<'{delim}'\n{body}{delim}\n"
+
+
 def logged_command(script: str, *, script_path: str, log_path: str) -> str:
     """The command that writes ``script`` to ``script_path``, runs it with bash, stdout and
     stderr merged in order into ``log_path``, then prints the log when it is at most
@@ -230,16 +249,12 @@ def logged_command(script: str, *, script_path: str, log_path: str) -> str:
 
     The script travels in the command itself (a quoted here-document), one write fewer.
     """
-    body = script if script.endswith("\n") else script + "\n"
-    delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
-    while delim in body.split("\n"):  # a line equal to the delimiter would end it early
-        delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
     sp, lp = shlex.quote(script_path), shlex.quote(log_path)
     return (
         "exec 2>/dev/null\n"  # only the log may reach the output (the script's own is in it)
-        f"mkdir -p -- {shlex.quote(posixpath.dirname(script_path))} && cat > {sp} <<'{delim}'\n"
-        f"{body}{delim}\n"
-        f"bash {sp} > {lp} 2>&1\n"
+        f"mkdir -p -- {shlex.quote(posixpath.dirname(script_path))} && "
+        + _here_doc(script, script_path)
+        + f"bash {sp} > {lp} 2>&1\n"
         "s=$?\n"
         f'if [ "$(wc -c < {lp})" -le {INLINE_LOG_BYTES} ]; then\n'
         f"  echo {_LOG_HEADER} && cat -- {lp}\n"
@@ -472,3 +487,162 @@ def make_result(
         log_tail=log_tail(log, LOG_TAIL_CHARS),
         durations=phases.total(),
     )
+
+
+#: The ladder's files in the eval sandbox: the patch, and its state (snapshot, ``apply.log``).
+PATCH_PATH: Final = f"{EVAL_DIR}/patch.diff"
+APPLY_STATE_DIR: Final = f"{EVAL_DIR}/apply"
+#: The whole command's budget is the tests' own plus this (the ladder and the shell steps,
+#: normally well under a second): a hanging suite is cut this much later than on its own.
+STAGED_SLACK_SEC: Final = 15.0
+#: A ladder that took longer than this may have eaten into the tests' budget: if the command
+#: then overran, the outcome says nothing about the patch (an infrastructure failure).
+_LADDER_FAIR_SEC: Final = 10.0
+
+
+class AppliedRun:
+    """What :func:`apply_then_run` did: the ladder's outcome, then (only when it applied) the
+    graded script's result and whole log. ``run.reason == "time_budget"`` when the script
+    outlived its budget. ``apply_sec``: the ladder's own time, measured in the sandbox (None
+    when it has no clock)."""
+
+    def __init__(
+        self, outcome: ApplyOutcome, run: ExecResult | None, log: str, apply_sec: float | None
+    ) -> None:
+        self.outcome = outcome
+        self.run = run
+        self.log = log
+        self.apply_sec = apply_sec
+
+
+async def apply_then_run(
+    sb: Sandbox,
+    md: InstanceMetadata,
+    patch: bytes,
+    script: str,
+    *,
+    expect_head: str | None,
+    script_path: str,
+    log_path: str,
+    budget_sec: float,
+    env: Mapping[str, str] | None = None,
+) -> AppliedRun:
+    """The apply ladder and the graded script in one detached command (:func:`staged_command`):
+    the patch, the ladder and the script travel in the command, the ladder's verdict gates the
+    script in the sandbox, and a small log comes back in the same reply. Three round trips
+    (command write, spawn, wait) instead of five.
+
+    As strict as :func:`apply_patch` then :func:`run_logged`: a patch that
+    :func:`~._patch.refused_paths` refuses is never written; ``expect_head`` is checked before
+    any rung; the script runs only after an ``ok`` verdict, and the verdict is read from the
+    ladder's own output, which must agree with its exit status (else :class:`SandboxError`: an
+    infrastructure failure, never a reward). The script's budget is ``budget_sec`` of its own
+    run, measured by the sandbox's clock (by ours when the sandbox has none): a run over it is
+    ``reason == "time_budget"``, also when it ended before the whole command's budget
+    (``budget_sec`` + :data:`STAGED_SLACK_SEC`, the ladder's and the shell's share) cut it.
+    A ladder slow enough to have eaten into the script's budget followed by a cut is a
+    :class:`SandboxError`, not a timeout of the tests.
+    """
+    empty = is_empty_patch(patch)
+    if not empty:
+        refused = refused_paths(patch)
+        if refused:
+            detail = "; ".join(refused[:5]) + (
+                f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
+            )
+            return AppliedRun(
+                ApplyOutcome(False, None, "", refused=f"patch refused: {detail}"), None, "", 0.0
+            )
+    state = APPLY_STATE_DIR
+    paths = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in touched_paths(patch))
+    ladder = apply_script(
+        workdir=md.workdir,
+        patch_path=None if empty else PATCH_PATH,
+        list_path=f"{EVAL_DIR}/patch.paths",
+        state_dir=state,
+        paths=paths,
+        expect_head=expect_head,
+        state_ready=True,
+    )
+    nonce = uuid.uuid4().hex
+    cmd = staged_command(
+        nonce=nonce,
+        dirs=(EVAL_DIR, APPLY_STATE_DIR),
+        patch=None if empty else patch,
+        patch_path=PATCH_PATH,
+        ladder=ladder,
+        script=script,
+        script_path=script_path,
+        log_path=log_path,
+        budget_sec=budget_sec,
+    )
+    t = time.monotonic()
+    run = await run_long(
+        sb, cmd, budget_sec=budget_sec + STAGED_SLACK_SEC, env=env, want_output=True
+    )
+    wall = time.monotonic() - t
+    overrun = run.reason == "time_budget"
+    st = read_stages(run.output, nonce)
+    if st.ladder_output is None:
+        why = {"nodir": "could not make its directories", "nopatch": "could not write the patch"}
+        raise SandboxError(
+            "the graded command failed before the apply ladder: "
+            + why.get(st.failed_write or "", "no stage ran")
+        )
+    ladder_out, status = st.ladder_output, st.ladder_status
+    if status is None and not overrun:
+        raise SandboxError(
+            f"the graded command ended inside the apply ladder: {run.output[-300:]!r}"
+        )
+    apply_sec = st.apply_sec if status is not None else wall
+    head = parse_head(ladder_out)
+    if wrong_head(ladder_out):
+        return AppliedRun(
+            ApplyOutcome(False, None, ladder_out, head=head, wrong_head=True), None, "", apply_sec
+        )
+    applied, rung = parse_verdict(ladder_out)
+    # The shell ran the script only on status 0: both must agree (a ladder cut by the
+    # command's budget has no status, and applied nothing that counts).
+    if applied != (status == 0) and not (status is None and not applied):
+        raise SandboxError(
+            f"the apply ladder's verdict ({'ok ' + str(rung) if applied else 'not applied'}) "
+            f"and its exit status ({status}) disagree: {ladder_out[-300:]!r}"
+        )
+    script_refused = parse_refusal(ladder_out)
+    if script_refused is not None:
+        outcome = ApplyOutcome(
+            False, None, ladder_out, refused=f"patch refused: {script_refused}", head=head
+        )
+        return AppliedRun(outcome, None, "", apply_sec)
+    if not applied:
+        log = await read_text(sb, f"{APPLY_STATE_DIR}/apply.log")
+        if status is None:
+            log += f"\n(apply ladder exceeded the command's {budget_sec + STAGED_SLACK_SEC:g} s)"
+        return AppliedRun(ApplyOutcome(False, None, log, head=head), None, "", apply_sec)
+    outcome = ApplyOutcome(True, rung, "", head=head)
+    if st.failed_write == "noscript":
+        raise SandboxError(f"the graded command could not write {script_path}")
+    if overrun and not st.tests_ended and (apply_sec is None or apply_sec > _LADDER_FAIR_SEC):
+        spent = "an unknown time" if apply_sec is None else f"{apply_sec:.0f} s"
+        raise SandboxError(
+            f"the apply ladder took {spent}, so the graded script may have had less than its "
+            f"{budget_sec:g} s when the command was cut: the run says nothing of the patch"
+        )
+    if not st.tests_ended:
+        # Cut by the command's budget, or the script took its shell down with it: the log
+        # file is what it wrote, graded as run_logged grades it.
+        log = await read_text(sb, log_path)
+        return AppliedRun(outcome, _as_overrun(run) if overrun else run, log, apply_sec)
+    log = st.log if st.log is not None and not overrun else await read_text(sb, log_path)
+    took = st.tests_sec if st.tests_sec is not None else wall
+    code = st.tests_status
+    result = msgspec.structs.replace(
+        run, exit_code=run.exit_code if code is None else code, output=""
+    )
+    if overrun or took > budget_sec:
+        result = _as_overrun(result)
+    return AppliedRun(outcome, result, log, apply_sec)
+
+
+def _as_overrun(run: ExecResult) -> ExecResult:
+    return msgspec.structs.replace(run, exit_code=EXIT_TIME_BUDGET_EXCEEDED, reason="time_budget")

@@ -19,12 +19,11 @@ from ._run import (
     EVAL_DIR,
     PLAIN_ENV,
     Phases,
-    apply_patch,
+    apply_then_run,
     evaluate_patch,
     make_result,
     not_applied_result,
     open_eval_sandbox,
-    run_logged,
     timeout_result,
 )
 from ._types import InstanceMetadata, SweBenchGrading
@@ -101,13 +100,32 @@ class SweBenchProtocol:
         graded = _Graded()
         # The log is graded in a thread while the sandbox is being killed (the kill is the
         # sandbox context's exit): the nursery waits for both.
+        art = current_artifacts()
         async with trio.open_nursery() as nursery:
             async with open_eval_sandbox(backend, md, phases) as sb:
-                with phases.phase("apply"):
-                    # The checkout must be the row's base_commit: the eval script resets only
-                    # the test files to it, so on another commit a gold patch may not apply
-                    # and an empty one may pass. The ladder's script checks it first.
-                    outcome = await apply_patch(sb, md, patch, expect_head=base or None)
+                # The ladder and the eval script are one command: the script runs only once
+                # the ladder applied the patch. The checkout must be the row's base_commit
+                # (checked before any rung): the eval script resets only the test files to
+                # it, so on another commit a gold patch may not apply and an empty one pass.
+                t_run = time.monotonic()
+                staged = await apply_then_run(
+                    sb,
+                    md,
+                    patch,
+                    script,
+                    expect_head=base or None,
+                    script_path=f"{EVAL_DIR}/eval.sh",
+                    log_path=f"{EVAL_DIR}/eval.log",
+                    budget_sec=timeout_sec,
+                    env=PLAIN_ENV,
+                )
+                outcome, run, log = staged.outcome, staged.run, staged.log
+                took = time.monotonic() - t_run
+                if run is None:  # the ladder alone ran
+                    phases.durations["apply"] = took
+                else:  # the ladder's own share, as the sandbox timed it; the rest is the tests'
+                    phases.durations["apply"] = share = staged.apply_sec or 0.0
+                    phases.durations["tests"] = took - share
                 if outcome.wrong_head:
                     return make_result(
                         md,
@@ -120,20 +138,10 @@ class SweBenchProtocol:
                             f"{outcome.head}, the row's base_commit is {base}"
                         ),
                     )
-                if not outcome.applied:
+                if not outcome.applied or run is None:
                     return not_applied_result(md, phases, outcome, grader="swebench")
-                art = current_artifacts()
                 if art is not None:
                     art.eval_script = script
-                with phases.phase("tests"):
-                    run, log = await run_logged(
-                        sb,
-                        script,
-                        script_path=f"{EVAL_DIR}/eval.sh",
-                        log_path=f"{EVAL_DIR}/eval.log",
-                        budget_sec=timeout_sec,
-                        env=PLAIN_ENV,
-                    )
                 if run.reason != "time_budget":
                     nursery.start_soon(graded.run, phases, spec, md.instance_id, patch, log)
                 t_kill = time.monotonic()

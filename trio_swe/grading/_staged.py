@@ -1,0 +1,214 @@
+"""The apply ladder and a graded script as one shell command, sans-IO: build it, read its output.
+
+One detached command (``exec_and_wait``) writes the patch, runs the ladder and, only when the
+ladder exits 0 (it applied), writes the graded script and runs it: three round trips to the
+sandbox (command write, spawn, wait) where the ladder alone took two more. The I/O and the
+verdicts live in :func:`trio_swe.grading._run.apply_then_run`.
+
+The command's output is a sequence of *stage lines* ``@@TRIO_SWE_STAGE <nonce> <stage> ...``,
+each at the start of a line, in a fixed order; between them, the ladder's own output and, last,
+the log. The nonce is fresh per command, so nothing a patch carries (its paths end up in the
+ladder's refusal lines) can forge a stage line; the stages are read in order and each only
+once, the log last, so nothing a graded script prints can move a boundary before it.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import shlex
+from typing import Final
+
+import msgspec
+
+from ._patch import printf_bytes
+
+#: Marks the stages of the command: ``@@TRIO_SWE_STAGE <nonce> <stage>``.
+STAGE: Final = "@@TRIO_SWE_STAGE"
+#: A log up to this size comes back inline after the ladder's output (together well within
+#: the 64 KiB one wait reply carries).
+INLINE_LOG_BYTES: Final = 60 * 1024
+#: Budgets from this long on run without a watchdog in the sandbox.
+WATCHDOG_MAX_SEC: Final = 10.0**8
+
+
+def staged_command(
+    *,
+    nonce: str,
+    dirs: tuple[str, ...],
+    patch: bytes | None,
+    patch_path: str,
+    ladder: str,
+    script: str,
+    script_path: str,
+    log_path: str,
+    budget_sec: float,
+) -> str:
+    """The bash command: make ``dirs``, write ``patch`` to ``patch_path`` (None: none), run
+    the ladder (``ladder``'s body, in a subshell, stdin ``/dev/null``, stderr merged) and, only
+    when it exits 0, write ``script`` to ``script_path`` and run it with bash, stdout and
+    stderr merged into ``log_path``, its process group killed (job control is on) once it has
+    run ``budget_sec`` rounded up to whole seconds (no bound when not finite).
+
+    Output: ``<mark> apply``, the ladder's output, ``<mark> applied <status> <t0> <t1>``, then
+    ``<mark> tests <status> <t2> inline|file`` followed by the log when it is at most
+    :data:`INLINE_LOG_BYTES`. ``t*``: the sandbox's clock (``$EPOCHREALTIME``, else ``date``;
+    ``x`` when neither works). A write that fails prints ``<mark> nodir``, ``nopatch`` or
+    ``noscript`` and ends the command. The patch travels as ``printf '%b'`` escapes (any
+    byte), the script single-quoted: no process is started to write them.
+    """
+    q = shlex.quote
+    mark = f"{STAGE} {nonce}"
+    lp, sp = q(log_path), q(script_path)
+    made = dict.fromkeys((*dirs, posixpath.dirname(script_path)))
+    parts = [
+        "exec 2>/dev/null",  # only the stages reach the output
+        f"mkdir -p -- {' '.join(q(d) for d in made)} || {{ echo '{mark} nodir'; exit 0; }}",
+    ]
+    if patch is not None:
+        parts.append(
+            f"printf '%b' {q(printf_bytes(patch, text=True))} > {q(patch_path)} "
+            f"|| {{ echo '{mark} nopatch'; exit 0; }}"
+        )
+    body = script if script.endswith("\n") else script + "\n"
+    parts += [
+        'now() { T=${EPOCHREALTIME:-}; [ -n "$T" ] || T=$(date +%s.%N 2>/dev/null) || T=x; }',
+        f"echo '{mark} apply'",
+        "now; t0=$T",
+        f"(\n{ladder.rstrip()}\n) </dev/null 2>&1",
+        "a=$?; now",
+        # The line feed first: the ladder's output may not end with one.
+        f'echo; echo "{mark} applied $a $t0 $T"',
+        '[ "$a" = 0 ] || exit 0',
+        f"printf '%s' {q(body)} > {sp} || {{ echo '{mark} noscript'; exit 0; }}",
+    ]
+    if math.isfinite(budget_sec) and budget_sec < WATCHDOG_MAX_SEC:
+        # The script in a process group of its own (set -m); a watchdog kills that group once
+        # the budget is spent (`&&`: a `sleep` that fails kills nothing). Daemons that left
+        # the group die with the sandbox.
+        parts += [
+            "set -m",
+            f"bash {sp} > {lp} 2>&1 &",
+            "p=$!",
+            f"{{ sleep {math.ceil(budget_sec)} && kill -KILL -- -$p; }} >/dev/null 2>&1 &",
+            "w=$!",
+            'wait "$p"; s=$?',
+            'kill -KILL -- -"$w"',
+            "set +m",
+        ]
+    else:
+        parts.append(f"bash {sp} > {lp} 2>&1; s=$?")
+    parts += [
+        "now",
+        f'if [ "$(wc -c < {lp})" -le {INLINE_LOG_BYTES} ]; then '
+        f'echo "{mark} tests $s $T inline"; cat -- {lp}; '
+        f'else echo "{mark} tests $s $T file"; fi',
+        'exit "$s"',
+    ]
+    return "\n".join(parts) + "\n"
+
+
+class Stages(msgspec.Struct, frozen=True, kw_only=True):
+    """What :func:`staged_command`'s output says, stage by stage (None: that stage's line
+    never came).
+
+    Attributes:
+        failed_write: ``"nodir"`` / ``"nopatch"`` (before the ladder) or ``"noscript"``.
+        ladder_output: the ladder's own output (None: the ladder never started).
+        ladder_status: its exit status (None: it did not finish, or no number).
+        apply_sec: the ladder's own time by the sandbox's clock (None: unknown).
+        tests_status: the graded script's exit status (None: no tests line or no number).
+        tests_sec: the script's own time by the sandbox's clock (None: unknown).
+        log: the log when it came inline (None: read it from its file).
+        tests_ended: the tests line came (the script ended and the command outlived it).
+    """
+
+    failed_write: str | None = None
+    ladder_output: str | None = None
+    ladder_status: int | None = None
+    apply_sec: float | None = None
+    tests_ended: bool = False
+    tests_status: int | None = None
+    tests_sec: float | None = None
+    log: str | None = None
+
+
+def read_stages(output: str, nonce: str) -> Stages:
+    """Read :func:`staged_command`'s output (whole, or what a cut command left)."""
+    lines = _StageLines(output, nonce)
+    start = lines.next("apply")
+    if start is None:
+        for word in ("nodir", "nopatch"):
+            if lines.next(word) is not None:
+                return Stages(failed_write=word)
+        return Stages()
+    applied = lines.next("applied")
+    if applied is None:
+        return Stages(ladder_output=output[start[2] :])
+    fields, line_start, _ = applied
+    status, t0, t1 = [*fields, "", "", ""][:3]
+    ladder = Stages(
+        ladder_output=output[start[2] : line_start].removesuffix("\n"),
+        ladder_status=_int(status),
+        apply_sec=_elapsed(t0, t1),
+    )
+    tests = lines.next("tests")
+    if tests is None:
+        if lines.next("noscript") is not None:
+            return msgspec.structs.replace(ladder, failed_write="noscript")
+        return ladder
+    fields, _, end = tests
+    status, t2, where = [*fields, "", "", ""][:3]
+    return msgspec.structs.replace(
+        ladder,
+        tests_ended=True,
+        tests_status=_int(status),
+        tests_sec=_elapsed(t1, t2),
+        log=output[end:] if where == "inline" else None,
+    )
+
+
+class _StageLines:
+    """The stage lines of one output, found in order, each once."""
+
+    def __init__(self, output: str, nonce: str) -> None:
+        self.output = output
+        self.mark = f"{STAGE} {nonce} "
+        self.pos = 0
+
+    def next(self, stage: str) -> tuple[list[str], int, int] | None:
+        """``(fields, start, end)`` of the next ``stage`` line from the current position (its
+        fields after the stage word, its first index, the index after its line feed)."""
+        head = self.mark + stage
+        i = self.pos
+        while True:
+            i = self.output.find(head, i)
+            if i < 0:
+                return None
+            end = self.output.find("\n", i)
+            end = len(self.output) if end < 0 else end + 1
+            words = self.output[i:end].split()
+            if (i == 0 or self.output[i - 1] == "\n") and words[2:3] == [stage]:
+                self.pos = end
+                return words[3:], i, end
+            i += len(head)
+
+
+def _int(value: str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
+
+
+def _clock(value: str) -> float | None:
+    try:
+        t = float(value.replace(",", "."))  # $EPOCHREALTIME follows LC_NUMERIC
+    except ValueError:
+        return None
+    return t if math.isfinite(t) else None
+
+
+def _elapsed(start: str, end: str) -> float | None:
+    a, b = _clock(start), _clock(end)
+    return b - a if a is not None and b is not None and b >= a else None
