@@ -8,6 +8,9 @@ are applied, through ``exec_and_wait``. Ratio = median grading / median baseline
 so that load drifting on a shared machine hits both sides alike. ``BENCH_GRADING_CASES=flask``
 runs only the cases whose name contains one of the comma-separated words.
 
+The *paired ratio* is the median of each grading over the test run beside it (the same ABBA
+pair), which a load that drifts during the run disturbs less than the ratio of medians.
+
 Cases:
 
 * ``swebench classic: pallets__flask-4992``: the real SWE-bench Lite row, graded by swebench
@@ -240,6 +243,8 @@ def main() -> None:
             alone_runs, runs = trio.run(_measure, case, N)
             alone = statistics.median(alone_runs)
             wall = statistics.median(w for w, _ in runs)
+            # Each grading beside the test run next to it (ABBA pairs): drift cancels out.
+            paired = statistics.median(w / a for (w, _), a in zip(runs, alone_runs, strict=True))
             phases = {
                 k: statistics.median(d.get(k, 0.0) for _, d in runs)
                 for k in ("spec", "boot", "setup", "apply", "tests", "parse", "kill")
@@ -253,7 +258,7 @@ def main() -> None:
             )
             print(
                 f"{'':40} grading runs {_spread(w for w, _ in runs)}; "
-                f"tests alone runs {_spread(alone_runs)}",
+                f"tests alone runs {_spread(alone_runs)}; paired ratio median {paired:.2f}",
                 flush=True,
             )
         print(

@@ -526,11 +526,13 @@ async def apply_then_run(
     log_path: str,
     budget_sec: float,
     env: Mapping[str, str] | None = None,
+    files: Mapping[str, str | bytes] | None = None,
 ) -> AppliedRun:
     """The apply ladder and the graded script in one detached command (:func:`staged_command`):
     the patch, the ladder and the script travel in the command, the ladder's verdict gates the
     script in the sandbox, and a small log comes back in the same reply. Three round trips
-    (command write, spawn, wait) instead of five.
+    (command write, spawn, wait) instead of five. ``files`` (path -> content) are written
+    once the patch applied, before the script runs (a grader's own test file).
 
     As strict as :func:`apply_patch` then :func:`run_logged`: a patch that
     :func:`~._patch.refused_paths` refuses is never written; ``expect_head`` is checked before
@@ -575,6 +577,10 @@ async def apply_then_run(
         script_path=script_path,
         log_path=log_path,
         budget_sec=budget_sec,
+        files=tuple(
+            (path, data.encode() if isinstance(data, str) else bytes(data))
+            for path, data in (files or {}).items()
+        ),
     )
     t = time.monotonic()
     run = await run_long(
@@ -621,7 +627,7 @@ async def apply_then_run(
         return AppliedRun(ApplyOutcome(False, None, log, head=head), None, "", apply_sec)
     outcome = ApplyOutcome(True, rung, "", head=head)
     if st.failed_write == "noscript":
-        raise SandboxError(f"the graded command could not write {script_path}")
+        raise SandboxError(f"the graded command could not write {script_path} or its files")
     if overrun and not st.tests_ended and (apply_sec is None or apply_sec > _LADDER_FAIR_SEC):
         spent = "an unknown time" if apply_sec is None else f"{apply_sec:.0f} s"
         raise SandboxError(

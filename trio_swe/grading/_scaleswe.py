@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import time
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -29,11 +30,13 @@ from ._run import (
     SETUP_BUDGET_SEC,
     Phases,
     apply_patch,
+    apply_then_run,
     evaluate_patch,
     make_result,
     not_applied_result,
     open_eval_sandbox,
     read_text,
+    run_logged,
     run_long,
     timeout_result,
 )
@@ -136,7 +139,12 @@ class ScaleSweProtocol:
                     detail=failed[0],
                     log=failed[1],
                 )
-            graded_files = g.swepro.selected_test_files if g.swepro is not None else ()
+            if g.swepro is None:
+                script, files = _exit_code_script(md, g)
+                return await _grade_exit_code(
+                    sb, md, phases, patch, grader or "", script, files, timeout_sec, g
+                )
+            graded_files = g.swepro.selected_test_files
             with phases.phase("apply"):
                 saved = await _save_files(sb, md.workdir, graded_files)
                 outcome = await apply_patch(sb, md, patch)
@@ -155,28 +163,26 @@ class ScaleSweProtocol:
                 )
             if not outcome.applied:
                 return not_applied_result(md, phases, outcome, grader=grader)
-            if g.swepro is not None:
-                return await _grade_swepro(sb, md, g.swepro, phases, outcome.rung, timeout_sec)
-            if g.eval_cmd:
-                script = f"cd {shlex.quote(md.workdir)} || exit 97\n{g.eval_cmd}\n"
-                return await _grade_exit_code(
-                    sb, md, phases, outcome.rung, "eval_cmd", script, timeout_sec, g
-                )
-            assert g.f2p_script is not None
-            await sb.write_file(f"{md.workdir}/{F2P_FILE}", g.f2p_script, user="root")
-            if _PYTEST_TESTS.search(g.f2p_script):
-                # Run by pytest: Scale-SWE's scripts end in a bare ``pytest.main(...)`` whose
-                # status is thrown away, so ``python script.py`` would exit 0 when tests fail.
-                # Ids may hold spaces (quoted) or be cut short (their function is run).
-                wanted = dict.fromkeys(selectable(t) for t in (F2P_FILE, *g.pass_to_pass))
-                ids = " ".join(shlex.quote(t) for t in wanted)
-                run = f"python -m pytest -rA -p no:cacheprovider {ids}"
-            else:
-                run = f"python {F2P_FILE}"
-            script = f"cd {shlex.quote(md.workdir)} || exit 97\n{run}\n"
-            return await _grade_exit_code(
-                sb, md, phases, outcome.rung, "f2p_script", script, timeout_sec, g
-            )
+            return await _grade_swepro(sb, md, g.swepro, phases, outcome.rung, timeout_sec)
+
+
+def _exit_code_script(md: InstanceMetadata, g: ScaleSweGrading) -> tuple[str, dict[str, str]]:
+    """The graded script of ``eval_cmd`` / ``f2p_script``, and the files it needs written after
+    the patch (the f2p script, over whatever the patch put there)."""
+    cd = f"cd {shlex.quote(md.workdir)} || exit 97\n"
+    if g.eval_cmd:
+        return f"{cd}{g.eval_cmd}\n", {}
+    assert g.f2p_script is not None
+    if _PYTEST_TESTS.search(g.f2p_script):
+        # Run by pytest: Scale-SWE's scripts end in a bare ``pytest.main(...)`` whose status
+        # is thrown away, so ``python script.py`` would exit 0 when tests fail. Ids may hold
+        # spaces (quoted) or be cut short (their function is run).
+        wanted = dict.fromkeys(selectable(t) for t in (F2P_FILE, *g.pass_to_pass))
+        ids = " ".join(shlex.quote(t) for t in wanted)
+        run = f"python -m pytest -rA -p no:cacheprovider {ids}"
+    else:
+        run = f"python {F2P_FILE}"
+    return f"{cd}{run}\n", {f"{md.workdir}/{F2P_FILE}": g.f2p_script}
 
 
 async def _read_swepro_assets(sp: SweProSpec) -> tuple[str, str]:
@@ -197,11 +203,12 @@ async def _run_setup_script(
     """Run setup lines with ``set -e`` in the workdir; ``(detail, log)`` if they failed."""
     script = f"set -e\ncd {shlex.quote(md.workdir)}\n{body}\n"
     path, log_path = f"{EVAL_DIR}/{name}.sh", f"{EVAL_DIR}/{name}.log"
-    await sb.write_file(path, script, user="root")
-    r = await run_long(sb, f"bash {path} > {log_path} 2>&1", budget_sec=SETUP_BUDGET_SEC)
+    # The script travels in the command; a failure's log comes back with it.
+    r, log = await run_logged(
+        sb, script, script_path=path, log_path=log_path, budget_sec=SETUP_BUDGET_SEC
+    )
     if r.ok:
         return None
-    log = await read_text(sb, log_path)
     if r.reason == "time_budget":
         return f"{name} outlived its {SETUP_BUDGET_SEC:g} s budget", log
     return f"{name} exited with status {r.exit_code}", log
@@ -254,24 +261,40 @@ async def _grade_exit_code(
     sb: Sandbox,
     md: InstanceMetadata,
     phases: Phases,
-    rung: str | None,
+    patch: bytes,
     grader: str,
     script: str,
+    files: Mapping[str, str],
     timeout_sec: float,
     g: ScaleSweGrading,
 ) -> EvalResult:
-    """``eval_cmd`` / ``f2p_script``: exit status 0 means solved.
+    """``eval_cmd`` / ``f2p_script``: the ladder, then (only when it applied) ``files`` and the
+    graded script, in one command (:func:`~._run.apply_then_run`). Exit status 0 means solved.
 
     The log is parsed for per-test statuses (the row's swebench parser, else pytest's ``-rA``
     summary), which give the F2P/P2P split; the verdict stays the exit status.
     """
-    path, log_path = f"{EVAL_DIR}/{grader}.sh", f"{EVAL_DIR}/{grader}.log"
-    with phases.phase("tests"):
-        await sb.write_file(path, script, user="root")
-        r = await run_long(
-            sb, f"bash {path} > {log_path} 2>&1", budget_sec=timeout_sec, env=PLAIN_ENV
-        )
-        log = await read_text(sb, log_path)
+    t = time.monotonic()
+    staged = await apply_then_run(
+        sb,
+        md,
+        patch,
+        script,
+        expect_head=None,
+        script_path=f"{EVAL_DIR}/{grader}.sh",
+        log_path=f"{EVAL_DIR}/{grader}.log",
+        budget_sec=timeout_sec,
+        env=PLAIN_ENV,
+        files=files,
+    )
+    took = time.monotonic() - t
+    outcome, r, log = staged.outcome, staged.run, staged.log
+    if r is None:  # the ladder alone ran
+        phases.durations["apply"] = took
+        return not_applied_result(md, phases, outcome, grader=grader)
+    phases.durations["apply"] = share = staged.apply_sec or 0.0
+    phases.durations["tests"] = took - share
+    rung = outcome.rung
     _keep(script, log)
     if r.reason == "time_budget":
         return timeout_result(

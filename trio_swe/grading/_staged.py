@@ -43,10 +43,12 @@ def staged_command(
     script_path: str,
     log_path: str,
     budget_sec: float,
+    files: tuple[tuple[str, bytes], ...] = (),
 ) -> str:
     """The bash command: make ``dirs``, write ``patch`` to ``patch_path`` (None: none), run
     the ladder (``ladder``'s body, in a subshell, stdin ``/dev/null``, stderr merged) and, only
-    when it exits 0, write ``script`` to ``script_path`` and run it with bash, stdout and
+    when it exits 0, write ``files`` (path, bytes: e.g. a grader's test file, which the patch
+    must not supply) and ``script`` to ``script_path`` and run it with bash, stdout and
     stderr merged into ``log_path``, its process group killed (job control is on) once it has
     run ``budget_sec`` rounded up to whole seconds (no bound when not finite).
 
@@ -80,8 +82,13 @@ def staged_command(
         # The line feed first: the ladder's output may not end with one.
         f'echo; echo "{mark} applied $a $t0 $T"',
         '[ "$a" = 0 ] || exit 0',
-        f"printf '%s' {q(body)} > {sp} || {{ echo '{mark} noscript'; exit 0; }}",
     ]
+    parts += [
+        f"printf '%b' {q(printf_bytes(data, text=True))} > {q(path)} "
+        f"|| {{ echo '{mark} noscript'; exit 0; }}"
+        for path, data in files
+    ]
+    parts.append(f"printf '%s' {q(body)} > {sp} || {{ echo '{mark} noscript'; exit 0; }}")
     if math.isfinite(budget_sec) and budget_sec < WATCHDOG_MAX_SEC:
         # The script in a process group of its own (set -m); a watchdog kills that group once
         # the budget is spent (`&&`: a `sleep` that fails kills nothing). Daemons that left

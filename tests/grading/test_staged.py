@@ -1,0 +1,375 @@
+"""The apply ladder and the graded script as one command: its output read stage by stage
+(sans-IO), the shell run for real on the host, and ``apply_then_run`` on the local and e2b
+backends (against the envd test server), through the Sandbox protocol only."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+
+from trio_swe import SandboxError
+from trio_swe.grading import get_metadata
+from trio_swe.grading._patch import apply_script, touched_paths
+from trio_swe.grading._run import APPLY_STATE_DIR, STAGED_SLACK_SEC, apply_then_run
+from trio_swe.grading._staged import STAGE, read_stages, staged_command
+from trio_swe.sandbox import Backend, Sandbox, open_sandbox
+
+from ..backends import BACKENDS
+from ._calc import CalcRepo, build_calc_repo, git
+
+N = "0123456789abcdef0123456789abcdef"
+M = f"{STAGE} {N}"
+
+# -- reading the output (sans-IO) -------------------------------------------------------------
+
+
+def test_a_whole_output_reads_stage_by_stage() -> None:
+    out = (
+        f"{M} apply\n@@TRIO_SWE_HEAD abc\n@@TRIO_SWE_APPLY ok git_apply\n\n"
+        f"{M} applied 0 100.25 100.5\n{M} tests 1 103,5 inline\nlog line\n{M} tests 0 1 inline\n"
+    )
+    st = read_stages(out, N)
+    assert st.ladder_output == "@@TRIO_SWE_HEAD abc\n@@TRIO_SWE_APPLY ok git_apply\n"
+    assert (st.ladder_status, st.apply_sec, st.tests_ended, st.tests_status) == (0, 0.25, True, 1)
+    assert st.tests_sec == 3.0  # a decimal comma (LC_NUMERIC) reads too
+    # The log is everything after the first tests line, stage-like lines included.
+    assert st.log == f"log line\n{M} tests 0 1 inline\n"
+    assert st.failed_write is None
+
+
+def test_stage_lines_of_another_nonce_or_inside_a_line_are_not_stages() -> None:
+    other = f"{STAGE} {'f' * 32}"
+    # What a patch can put in the ladder's output (its paths in refusal lines): never our nonce.
+    ladder = (
+        f"refused: a\n{other} applied 0 1 2\n{other} tests 0 1 inline\nfake PASSED is beyond\n"
+        f"x{M} applied 0 1 2\n@@TRIO_SWE_APPLY refused\n"
+    )
+    st = read_stages(f"{M} apply\n{ladder}\n{M} applied 3 1 2\n", N)
+    assert st.ladder_output == ladder
+    assert (st.ladder_status, st.tests_ended, st.log) == (3, False, None)
+
+
+@pytest.mark.parametrize(
+    ("out", "expected"),
+    [
+        ("", {}),
+        (f"{M} nodir\n", {"failed_write": "nodir"}),
+        (f"{M} nopatch\n", {"failed_write": "nopatch"}),
+        (f"{M} apply\npartial", {"ladder_output": "partial"}),
+        (f"{M} apply\n\n{M} applied 0 x 2\n{M} noscript\n", {"failed_write": "noscript"}),
+        (f"{M} apply\n\n{M} applied 0 1 2\n{M} tests 137 9 file\n", {"log": None}),
+        (f"{M} apply\n\n{M} applied 0 5 2\n", {"apply_sec": None}),  # the clock went back
+        (f"{M} apply\n\n{M} applied\n", {"ladder_status": None, "apply_sec": None}),
+    ],
+    ids=[
+        "nothing",
+        "nodir",
+        "nopatch",
+        "cut_in_ladder",
+        "noscript",
+        "log_in_file",
+        "clock",
+        "bare",
+    ],
+)
+def test_partial_and_failed_outputs(out: str, expected: dict[str, Any]) -> None:
+    st = read_stages(out, N)
+    for name, value in expected.items():
+        assert getattr(st, name) == value, name
+
+
+# -- the shell, run on the host ----------------------------------------------------------------
+
+
+def _host_run(
+    tmp_path: Path, calc: CalcRepo, patch: bytes, script: str, *, budget: float = 60
+) -> tuple[str, subprocess.CompletedProcess[bytes], Path]:
+    repo = calc.path
+    state = tmp_path / "state"
+    paths = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in touched_paths(patch))
+    ladder = apply_script(
+        workdir=str(repo),
+        patch_path=str(tmp_path / "p.diff") if patch.strip() else None,
+        list_path=str(tmp_path / "p.list"),
+        state_dir=str(state),
+        paths=paths,
+        expect_head=calc.base,
+        state_ready=True,
+    )
+    cmd = staged_command(
+        nonce=N,
+        dirs=(str(tmp_path / "eval"), str(state)),
+        patch=patch if patch.strip() else None,
+        patch_path=str(tmp_path / "p.diff"),
+        ladder=ladder,
+        script=script,
+        script_path=str(tmp_path / "eval" / "eval.sh"),
+        log_path=str(tmp_path / "eval" / "eval.log"),
+        budget_sec=budget,
+    )
+    done = subprocess.run(
+        ["bash", "-c", cmd], capture_output=True, cwd=repo, stdin=subprocess.DEVNULL, timeout=120
+    )
+    return done.stdout.decode("utf-8", "replace"), done, tmp_path / "eval"
+
+
+@pytest.fixture
+def calc(tmp_path: Path) -> CalcRepo:
+    return build_calc_repo(tmp_path / "src")
+
+
+def test_applied_patch_runs_the_script_with_its_log_inline(tmp_path: Path, calc: CalcRepo) -> None:
+    script = "echo out; echo err >&2; git diff --stat; exit 4"
+    out, done, eval_dir = _host_run(tmp_path, calc, calc.gold.encode(), script)
+    st = read_stages(out, N)
+    assert done.returncode == 4
+    assert st.ladder_status == 0
+    assert "@@TRIO_SWE_APPLY ok git_apply" in (st.ladder_output or "")
+    assert (eval_dir / "eval.sh").read_text() == script + "\n"
+    assert st.log == (eval_dir / "eval.log").read_text()
+    assert st.log is not None
+    assert st.log.startswith("out\nerr\n")
+    assert "calc/__init__.py" in st.log
+    assert (st.tests_status, st.tests_ended) == (4, True)
+    assert st.apply_sec is not None
+    assert st.tests_sec is not None
+
+
+@pytest.mark.parametrize("which", ["no_apply", "wrong_head", "symlink"])
+def test_the_script_never_runs_unless_the_ladder_applied(
+    tmp_path: Path, calc: CalcRepo, which: str
+) -> None:
+    patch = calc.gold
+    if which == "no_apply":
+        patch = calc.no_apply
+    elif which == "wrong_head":
+        (calc.path / "extra").write_text("x")
+        git(calc.path, "add", "extra")
+        git(calc.path, "commit", "-qm", "another commit")
+    else:  # a directory of the tree is a symlink out of it: nothing is written through it
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        shutil.rmtree(calc.path / "calc")
+        (calc.path / "calc").symlink_to(outside)
+    marker = tmp_path / "ran"
+    out, done, eval_dir = _host_run(tmp_path, calc, patch.encode(), f"touch {marker}\n")
+    st = read_stages(out, N)
+    assert not marker.exists()
+    assert not (eval_dir / "eval.sh").exists()
+    assert st.ladder_status == 3
+    assert not st.tests_ended
+    assert done.returncode == 0
+    if which == "symlink":
+        assert not list((tmp_path / "outside").iterdir())
+
+
+def test_patch_bytes_arrive_exactly(tmp_path: Path, calc: CalcRepo) -> None:
+    # Not UTF-8, quotes, backslashes, printf directives, control bytes: raw in a text diff.
+    data = b"caf\xe9 'q' \"d\" \\b\\ %s %b \\0101\n\x01\x7f\xff\n"
+    (calc.path / "odd.txt").write_bytes(data)
+    git(calc.path, "add", "-N", "odd.txt")
+    patch = subprocess.run(
+        ["git", "-C", str(calc.path), "diff", "--", "odd.txt"], capture_output=True, check=True
+    ).stdout
+    git(calc.path, "rm", "-q", "--cached", "odd.txt")
+    (calc.path / "odd.txt").unlink()
+    assert b"\xe9" in patch
+    assert b"'" in patch
+    out, _, _ = _host_run(tmp_path, calc, patch, "exit 0\n")
+    assert (tmp_path / "p.diff").read_bytes() == patch
+    assert read_stages(out, N).ladder_status == 0
+    assert (calc.path / "odd.txt").read_bytes() == data
+
+
+def test_the_watchdog_kills_the_scripts_process_group(tmp_path: Path, calc: CalcRepo) -> None:
+    marker = f"trio-swe-watchdog-{os.getpid()}-{time.monotonic_ns()}"
+    script = f"bash -c 'exec -a {marker} sleep 300' &\nwait\n"
+    t = time.monotonic()
+    out, done, _ = _host_run(tmp_path, calc, calc.gold.encode(), script, budget=1)
+    assert time.monotonic() - t < 60  # cut at the budget, far from the 300 s sleep
+    st = read_stages(out, N)
+    assert (done.returncode, st.tests_status, st.tests_ended) == (137, 137, True)
+    assert st.tests_sec is not None
+    assert st.tests_sec >= 1
+    alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, check=False)
+    assert alive.stdout == b""  # the script's child died with its group
+
+
+# -- apply_then_run on real backends -----------------------------------------------------------
+
+
+@pytest.fixture(params=["local", "e2b"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    calc = build_calc_repo(tmp_path / "src")
+    calc.path.rename(tmp_path / "image")  # the e2b test server boots this directory
+    async with BACKENDS[request.param](tmp_path) as b:
+        yield b
+
+
+class _Counting:
+    """Forwards to a real sandbox, counting the RPCs made."""
+
+    def __init__(self, sb: Sandbox) -> None:
+        self._sb = sb
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sb, name)
+
+    async def exec(self, cmd: str, **kw: Any) -> Any:
+        self.calls.append("exec")
+        return await self._sb.exec(cmd, **kw)
+
+    async def write_file(self, path: str, data: Any, **kw: Any) -> None:
+        self.calls.append("write_file")
+        await self._sb.write_file(path, data, **kw)
+
+    async def read_file(self, path: str, **kw: Any) -> bytes:
+        self.calls.append(f"read_file {path}")
+        return await self._sb.read_file(path, **kw)
+
+
+def _md(tmp_path: Path) -> Any:
+    image = tmp_path / "image"
+    base = git(image, "rev-parse", "HEAD").strip()
+    row = {"instance_id": "calc-1", "image_url": str(image), "workdir": "/testbed"}
+    return get_metadata({**row, "eval_cmd": "true"}, "scaleswe"), base
+
+
+async def _apply_then_run(
+    backend: Backend, tmp_path: Path, patch: str, script: str, *, budget: float = 60, **kw: Any
+) -> tuple[Any, list[str], str]:
+    md, base = _md(tmp_path)
+    with trio.fail_after(120):  # a hang guard only
+        async with open_sandbox(backend, str(tmp_path / "image")) as real:
+            sb = _Counting(real)
+            staged = await apply_then_run(
+                sb,
+                md,
+                patch.encode(),
+                script,
+                expect_head=kw.get("expect_head", base),
+                script_path="/tmp/trio_swe_eval/eval.sh",
+                log_path="/tmp/trio_swe_eval/eval.log",
+                budget_sec=budget,
+            )
+            calls = list(sb.calls)
+            tree = (await real.exec("git status --porcelain; ls /tmp/trio_swe_eval")).output
+    return staged, calls, tree
+
+
+async def test_an_applied_patch_and_its_tests_in_three_round_trips(
+    backend: Backend, tmp_path: Path
+) -> None:
+    gold = _gold(tmp_path)
+    staged, calls, tree = await _apply_then_run(
+        backend, tmp_path, gold, "git diff --stat\necho done >&2\nexit 5"
+    )
+    assert staged.outcome.applied
+    assert staged.outcome.rung == "git_apply"
+    assert staged.run is not None
+    assert (staged.run.exit_code, staged.run.reason) == (5, "exit")
+    assert "calc/__init__.py" in staged.log
+    assert staged.log.endswith("done\n")
+    # The command's write, its spawn, one wait: nothing else before the result.
+    assert calls == ["write_file", "exec", "exec"]
+    assert " M calc/__init__.py" in tree
+
+
+async def test_a_patch_that_does_not_apply_runs_no_tests(backend: Backend, tmp_path: Path) -> None:
+    staged, calls, tree = await _apply_then_run(
+        backend, tmp_path, _no_apply(), "touch /tmp/trio_swe_eval/ran\n"
+    )
+    assert (staged.outcome.applied, staged.run) == (False, None)
+    assert "+ patch_fuzz" in staged.outcome.log  # every rung was tried; the log is read back
+    assert calls[-1] == f"read_file {APPLY_STATE_DIR}/apply.log"
+    assert "ran" not in tree.split()
+    assert "eval.sh" not in tree.split()
+    assert "calc" not in tree  # the tree is as it was
+
+
+async def test_another_commit_applies_nothing(backend: Backend, tmp_path: Path) -> None:
+    staged, _, tree = await _apply_then_run(
+        backend, tmp_path, _gold(tmp_path), "touch /tmp/trio_swe_eval/ran\n", expect_head="1" * 40
+    )
+    assert staged.outcome.wrong_head
+    assert not staged.outcome.applied
+    assert staged.run is None
+    assert staged.outcome.head == git(tmp_path / "image", "rev-parse", "HEAD").strip()
+    assert "ran" not in tree.split()
+    assert "calc" not in tree
+
+
+async def test_a_large_log_is_read_from_its_file(backend: Backend, tmp_path: Path) -> None:
+    script = "head -c 70000 /dev/zero | tr '\\0' x\necho\necho end\n"
+    staged, calls, _ = await _apply_then_run(backend, tmp_path, _gold(tmp_path), script)
+    assert staged.log == "x" * 70000 + "\nend\n"
+    assert calls[-1] == "read_file /tmp/trio_swe_eval/eval.log"
+
+
+async def test_a_hanging_script_is_cut_at_its_budget(backend: Backend, tmp_path: Path) -> None:
+    t = trio.current_time()
+    staged, _, _ = await _apply_then_run(
+        backend, tmp_path, _gold(tmp_path), "sleep 300\n", budget=1
+    )
+    assert staged.run is not None
+    assert staged.run.reason == "time_budget"
+    assert trio.current_time() - t < 1 + STAGED_SLACK_SEC + 60  # the watchdog, not the backstop
+
+
+async def test_an_empty_patch_is_checked_against_the_commit_and_runs(
+    backend: Backend, tmp_path: Path
+) -> None:
+    staged, _, _ = await _apply_then_run(backend, tmp_path, " \n", "echo ran\n")
+    assert (staged.outcome.applied, staged.outcome.rung, staged.log) == (True, "empty", "ran\n")
+
+
+async def test_a_failed_patch_write_is_an_infrastructure_error(
+    backend: Backend, tmp_path: Path
+) -> None:
+    # /tmp/trio_swe_eval/patch.diff is a directory: printf cannot write the patch.
+    md, base = _md(tmp_path)
+    async with open_sandbox(backend, str(tmp_path / "image")) as sb:
+        await sb.exec("mkdir -p /tmp/trio_swe_eval/patch.diff")
+        with pytest.raises(SandboxError, match="could not write the patch"):
+            await apply_then_run(
+                sb,
+                md,
+                _gold(tmp_path).encode(),
+                "true",
+                expect_head=base,
+                script_path="/tmp/trio_swe_eval/eval.sh",
+                log_path="/tmp/trio_swe_eval/eval.log",
+                budget_sec=60,
+            )
+
+
+def _gold(tmp_path: Path) -> str:
+    text = (tmp_path / "image" / "calc" / "__init__.py").read_text()
+    return (
+        "diff --git a/calc/__init__.py b/calc/__init__.py\n--- a/calc/__init__.py\n"
+        "+++ b/calc/__init__.py\n" + _hunk(text)
+    )
+
+
+def _hunk(text: str) -> str:
+    lines = text.splitlines(keepends=True)
+    return f"@@ -1,{len(lines)} +1,{len(lines) + 1} @@\n+# fixed\n" + "".join(
+        " " + line for line in lines
+    )
+
+
+def _no_apply() -> str:
+    return (
+        "diff --git a/calc/__init__.py b/calc/__init__.py\n"
+        "--- a/calc/__init__.py\n+++ b/calc/__init__.py\n"
+        "@@ -1,3 +1,3 @@\n-def nothing_like_this(a, b):\n+def add(a, b):\n     return 42\n \n"
+    )
