@@ -26,6 +26,7 @@ from trio_swe.sandbox.e2b._h2conn import (
     H2Connection,
     H2ConnectionTerminated,
     H2StreamReset,
+    RawSocketStream,
     _readable,
 )
 from trio_swe.sandbox.e2b._retry import STREAM_ID_ATTR, StreamSilent, classify
@@ -399,3 +400,102 @@ async def test_readable_sees_bytes_waiting_on_the_socket() -> None:
         await b.send(b"x")  # on a socketpair, readable once sent
         assert _readable(stream)
     assert not _readable(trio.testing.memory_stream_pair()[0])
+
+
+# --- waits with deadlines (no cancel scope per wait), writes that never block callers -------
+
+
+async def test_a_wait_ends_at_its_deadline_and_an_old_deadline_ends_no_later_wait(
+    clock: trio.testing.MockClock,
+) -> None:
+    async with pair() as (conn, peer):
+        s = await conn.request(b"GET", b"/a", [], None)
+        await peer.until(h2.events.RequestReceived, s.stream_id)
+        t0 = trio.current_time()
+        assert not await s.receive_headers(t0 + 2.0)
+        assert 2.0 <= trio.current_time() - t0 <= 2.2
+        # The first wait's deadline entry is stale now; a wait without deadline outlives it.
+        await peer.respond(s.stream_id, b"x", end=False)
+        assert await s.receive_headers(trio.current_time() + 5.0)
+        t1 = trio.current_time()
+        got: list[bytes | None] = []
+
+        async def late_data() -> None:
+            await trio.sleep(5.0)
+            await peer.respond_data(s.stream_id, b"y")
+
+        async with trio.open_nursery() as nursery:
+            assert await s.receive_by(t1 + 1.0) == b"x"
+            s2 = await conn.request(b"GET", b"/b", [], None)  # another entry, 1 s from now
+            del s2
+            nursery.start_soon(late_data)
+            got.append(await s.receive_by(trio.current_time() + 10.0))
+        assert got == [b"y"]
+        assert trio.current_time() - t1 >= 5.0
+
+
+async def test_a_shielded_headers_wait_outlasts_cancellation(
+    clock: trio.testing.MockClock,
+) -> None:
+    async with pair() as (conn, peer):
+        s = await conn.request(b"POST", b"/process.Process/Start", [], b"x")
+        await peer.until(h2.events.StreamEnded, s.stream_id)
+        statuses: list[int] = []
+
+        async def caller(task_status: trio.TaskStatus[trio.CancelScope]) -> None:
+            with trio.CancelScope() as scope:
+                task_status.started(scope)
+                statuses.append(await _await_headers(s, trio.current_time() + 30.0, shield=True))
+                await trio.lowlevel.checkpoint()  # the cancellation lands here
+                statuses.append(-1)
+
+        async with trio.open_nursery() as nursery:
+            scope = await nursery.start(caller)
+            await trio.sleep(1.0)
+            scope.cancel()  # the caller is cancelled while it waits: the wait goes on
+            await trio.sleep(1.0)
+            assert statuses == []
+            await peer.respond(s.stream_id, b"", end=False)
+        assert statuses == [200]
+
+
+async def test_raw_socket_writes_keep_their_order_when_the_socket_is_full() -> None:
+    a, b = trio.socket.socketpair()
+    a.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, 4096)
+    b.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_RCVBUF, 4096)
+    tcp = trio.SocketStream(a)
+    raw = RawSocketStream(tcp)
+    reader = trio.SocketStream(b)
+    chunks = [bytes([i]) * 1_000_000 for i in range(5)]
+    assert not raw.try_send(chunks[0])  # far more than the socket takes at once
+    for chunk in chunks[1:]:
+        assert not raw.try_send(chunk)  # queued behind the rest, in order
+    received = bytearray()
+
+    async def read() -> None:
+        while len(received) < 5_000_000:
+            received.extend(await reader.receive_some(65536))
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(read)
+            await raw.send_rest()
+    assert bytes(received) == b"".join(chunks)
+    assert raw.try_send(b"z")  # empty again: written at once
+    assert await reader.receive_some(10) == b"z"
+    await raw.aclose()
+    await reader.aclose()
+
+
+async def test_a_request_needs_no_wait_on_a_connected_connection() -> None:
+    async with pair() as (conn, peer):
+        assert not conn.connected
+        s1 = await conn.request(b"GET", b"/a", [], None)  # connects
+        assert conn.connected
+        assert conn.fits(b"x" * 65535)
+        assert not conn.fits(b"x" * 65536)
+        s3, rest = conn.request_nowait(b"POST", b"/b", [], b"y" * 70_000)
+        assert len(rest) == 70_000 - 65535  # the rest waits for the peer's credit
+        await peer.until(h2.events.RequestReceived, s3.stream_id)
+        s1.close()
+        s3.close()

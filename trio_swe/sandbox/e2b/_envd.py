@@ -105,8 +105,9 @@ class EventStream:
         while True:
             news = ex.news
             deadline = trio.current_time() + self._idle
-            with trio.move_on_at(deadline):
-                return await ex.receive()
+            chunk = await ex.receive_by(deadline)
+            if chunk is not None:
+                return chunk
             if await ex.silent_since(news, deadline):
                 if ex.confirms_silence:
                     raise StreamSilent(f"stream silent for {self._idle:.1f} s on a live connection")
@@ -127,27 +128,32 @@ class EventStream:
             pass
         if chunk == b"":
             return  # ended already (the usual case on HTTP/2): no watchdog needed
-        with trio.move_on_after(self._idle):
-            try:
-                while await self._ex.receive():
-                    pass
-            except (httpx.TransportError, httpx.StreamError):
+        deadline = trio.current_time() + self._idle
+        try:
+            while await self._ex.receive_by(deadline):
                 pass
+        except (httpx.TransportError, httpx.StreamError):
+            pass
 
 
-async def _await_headers(ex: Exchange, due: float) -> int:
-    """The response status, or 0 when none came by ``due`` while the connection kept up.
+async def _await_headers(
+    ex: Exchange, due: float, not_after: float = math.inf, shield: bool = False
+) -> int:
+    """The response status, or 0 when none came by ``due`` while the connection kept up, or
+    by ``not_after`` (the caller's deadline, which a shielded wait must not overrun).
 
     As :meth:`EventStream._receive_watched`: past ``due`` the connection syncs with the peer
-    before the silence is believed.
+    before the silence is believed. ``shield``: cancellation does not interrupt the wait.
     """
     while not ex.status:
         news = ex.news
-        with trio.move_on_at(due):
-            await ex.receive_headers()
+        if await ex.receive_headers(min(due, not_after), shield=shield):
             break
-        if await ex.silent_since(news, due):
+        if trio.current_time() >= not_after:
             break
+        with trio.CancelScope(shield=shield, deadline=not_after):
+            if await ex.silent_since(news, due):
+                break
     return ex.status
 
 
@@ -287,13 +293,14 @@ class EnvdClient:
             # Response headers come once envd started the process: give a loaded sandbox
             # more time than a silent stream gets.
             due = trio.current_time() + self.headers_timeout
-            with trio.CancelScope(shield=shield, deadline=min(due, not_after)):
-                ex = await self.pool.open(b"POST", req.path.encode(), headers, req.body)
-                stream_id = ex.stream_id
+            path = req.path.encode()
+            ex = self.pool.open_nowait(b"POST", path, headers, req.body)
+            if ex is None:
+                with trio.CancelScope(shield=shield, deadline=min(due, not_after)):
+                    ex = await self.pool.open(b"POST", path, headers, req.body)
             if ex is not None:
-                with trio.CancelScope(shield=shield, deadline=not_after):
-                    status = await _await_headers(ex, due)
                 stream_id = ex.stream_id
+                status = await _await_headers(ex, due, not_after, shield)
             if ex is None or not status:
                 if ex is not None and ex.confirms_silence and trio.current_time() < not_after:
                     raise StreamSilent("no response headers, on a live connection")

@@ -23,6 +23,7 @@ retry table (:mod:`._retry`) classifies both transports alike.
 
 from __future__ import annotations
 
+import heapq
 import math
 import select
 import socket
@@ -35,6 +36,7 @@ from typing import Any, Final
 import h2.errors
 import h2.events
 import httpx
+import outcome
 import trio
 from hpack.hpack import encode_integer
 from hpack.table import HeaderTable
@@ -168,22 +170,47 @@ class RawSocketStream(trio.abc.Stream):
         self._sock = socket.socket(fileno=stream.socket.detach())
         self._sock.setblocking(False)
         self._unwaited = 0
+        self._pending = bytearray()  # accepted by try_send, not yet written
 
     def fileno(self) -> int:
         return self._sock.fileno()
 
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
-        view = memoryview(data)
+    def try_send(self, data: bytes | bytearray | memoryview) -> bool:
+        """Write what the socket takes now; True when all of it (and any earlier rest) went.
+
+        The rest is kept, in order, for :meth:`send_rest`.
+        """
+        if self._pending:
+            self._pending += data
+            return False
         try:
-            while view:
+            sent = self._sock.send(data)
+        except BlockingIOError:
+            sent = 0
+        except OSError as exc:
+            raise trio.BrokenResourceError(f"socket write failed: {exc!r}") from exc
+        if sent < len(data):
+            self._pending += memoryview(data)[sent:]
+            return False
+        return True
+
+    async def send_rest(self) -> None:
+        """Write what :meth:`try_send` kept, waiting for the socket as needed."""
+        pending = self._pending
+        try:
+            while pending:
                 try:
-                    sent = self._sock.send(view)
+                    sent = self._sock.send(pending)
                 except BlockingIOError:
                     await trio.lowlevel.wait_writable(self._sock)
                     continue
-                view = view[sent:]
+                del pending[:sent]
         except OSError as exc:
             raise trio.BrokenResourceError(f"socket write failed: {exc!r}") from exc
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if not self.try_send(data):
+            await self.send_rest()
 
     async def wait_send_all_might_not_block(self) -> None:
         await trio.lowlevel.wait_writable(self._sock)
@@ -231,6 +258,7 @@ class TLSStream(trio.abc.Stream):
         self._out = ssl.MemoryBIO()
         self._obj = ctx.wrap_bio(self._in, self._out, server_side=False, server_hostname=host)
         self._sending = False
+        self._send_done = trio.lowlevel.ParkingLot()
 
     def selected_alpn_protocol(self) -> str | None:
         return self._obj.selected_alpn_protocol()
@@ -251,19 +279,37 @@ class TLSStream(trio.abc.Stream):
         await self._push()
 
     async def _push(self) -> None:
+        while self._sending:  # another task is writing: ours go after its bytes
+            await self._send_done.park()
         self._sending = True
         try:
+            sock = self._sock
+            if isinstance(sock, RawSocketStream):
+                await sock.send_rest()
             while self._out.pending:
-                await self._sock.send_all(self._out.read())
+                await sock.send_all(self._out.read())
         finally:
             self._sending = False
+            self._send_done.unpark_all()
 
-    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+    def try_send(self, data: bytes | bytearray | memoryview) -> bool:
+        """Encrypt ``data`` and write what the socket takes now; True when all of it went
+        (else :meth:`send_rest` writes the rest, in order)."""
         try:
             self._obj.write(data)
         except ssl.SSLError as exc:
             raise trio.BrokenResourceError(f"TLS write failed: {exc}") from exc
+        sock = self._sock
+        if self._sending or not isinstance(sock, RawSocketStream):
+            return False
+        return sock.try_send(self._out.read())
+
+    async def send_rest(self) -> None:
         await self._push()
+
+    async def send_all(self, data: bytes | bytearray | memoryview) -> None:
+        if not self.try_send(data):
+            await self._push()
 
     async def wait_send_all_might_not_block(self) -> None:
         await self._sock.wait_send_all_might_not_block()
@@ -285,7 +331,7 @@ class TLSStream(trio.abc.Stream):
             except ssl.SSLError as exc:
                 raise trio.BrokenResourceError(f"TLS read failed: {exc}") from exc
             if self._out.pending and not self._sending:
-                await self._push()
+                await self._push()  # TLS's own answer to what was read (a key update)
             if parts:
                 return parts[0] if len(parts) == 1 else b"".join(parts)
             data = await self._sock.receive_some(_READ_SIZE)
@@ -295,6 +341,72 @@ class TLSStream(trio.abc.Stream):
 
     async def aclose(self) -> None:
         await self._sock.aclose()
+
+
+# --- deadlines of stream waits, without a cancel scope per wait -----------------------------
+
+#: Deadlines are kept in buckets of this many seconds (rounded up: a wait never ends early).
+_TIMER_TICK: Final = 1 / 16
+
+
+class _Timers:
+    """Ends stream waits at their deadlines: one system task per trio run.
+
+    A trio cancel scope per wait (enter, register, exit) cost more than the HTTP/2 work of a
+    short exec. Here a wait with a deadline appends itself to the deadline's bucket; the task
+    sleeps until the earliest bucket and expires the waits in it that are still on (a wait that
+    ended meanwhile is skipped: its serial no longer matches).
+    """
+
+    def __init__(self) -> None:
+        self._buckets: dict[int, list[tuple[int, H2Stream]]] = {}
+        self._heap: list[int] = []
+        self._target = math.inf
+        self._scope: trio.CancelScope | None = None
+        self._running = False
+        self.serial = 0
+
+    def add(self, deadline: float, stream: H2Stream) -> int:
+        self.serial += 1
+        key = math.ceil(deadline / _TIMER_TICK)
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = []
+            heapq.heappush(self._heap, key)
+            at = key * _TIMER_TICK
+            if at < self._target:
+                self._target = at
+                if not self._running:
+                    self._running = True
+                    trio.lowlevel.spawn_system_task(self._run, name="h2 stream deadlines")
+                elif self._scope is not None:
+                    self._scope.deadline = at
+        bucket.append((self.serial, stream))
+        return self.serial
+
+    async def _run(self) -> None:
+        heap, buckets = self._heap, self._buckets
+        while True:
+            now = trio.current_time()
+            while heap and heap[0] * _TIMER_TICK <= now:
+                for serial, stream in buckets.pop(heapq.heappop(heap)):
+                    stream._expire(serial)
+            self._target = heap[0] * _TIMER_TICK if heap else math.inf
+            with trio.CancelScope(deadline=self._target) as self._scope:
+                await trio.sleep_forever()
+            self._scope = None
+
+
+_timers_var: trio.lowlevel.RunVar[_Timers] = trio.lowlevel.RunVar("trio_swe_h2_timers")
+
+
+def _timers() -> _Timers:
+    try:
+        return _timers_var.get()
+    except LookupError:
+        timers = _Timers()
+        _timers_var.set(timers)
+        return timers
 
 
 # --- one stream ----------------------------------------------------------------------------
@@ -311,6 +423,7 @@ class H2Stream:
         "_headers",
         "_news",
         "_sent_all",
+        "_wait_serial",
         "_waiter",
         "status",
         "stream_id",
@@ -326,6 +439,7 @@ class H2Stream:
         self._sent_all = False  # our END_STREAM went into h2's buffer
         self._error: BaseException | None = None
         self._waiter: trio.lowlevel.Task | None = None
+        self._wait_serial = 0  # the deadline entry (_Timers) of the wait on now, 0 for none
         self._news = 0  # frames (or the connection's failure) seen for this stream
 
     #: :meth:`silent_since` proves a silence (the :class:`~._pool.Exchange` flag).
@@ -360,25 +474,43 @@ class H2Stream:
             self._waiter = None
             trio.lowlevel.reschedule(task)
 
-    async def _wait(self) -> None:
+    def _expire(self, serial: int) -> None:
+        task = self._waiter
+        if task is not None and serial == self._wait_serial:
+            self._waiter = None
+            trio.lowlevel.reschedule(task, outcome.Value(False))
+
+    async def _wait(self, deadline: float = math.inf, shield: bool = False) -> bool:
+        """Wait for news (True) or ``deadline`` (False). ``shield``: cancellation does not end
+        the wait (it takes effect at the caller's next checkpoint), as a shielded scope."""
         self._waiter = trio.lowlevel.current_task()
+        self._wait_serial = _timers().add(deadline, self) if deadline < math.inf else 0
 
         def abort(_: Any) -> trio.lowlevel.Abort:
+            if shield:
+                return trio.lowlevel.Abort.FAILED
             self._waiter = None
             return trio.lowlevel.Abort.SUCCEEDED
 
-        await trio.lowlevel.wait_task_rescheduled(abort)
+        woken: bool | None = await trio.lowlevel.wait_task_rescheduled(abort)
+        return woken is not False
 
-    async def receive_headers(self) -> None:
-        """Wait for the response headers (``status`` is set after this)."""
+    async def receive_headers(self, deadline: float = math.inf, *, shield: bool = False) -> bool:
+        """Wait for the response headers (``status`` is set then); False when ``deadline``
+        passed first. ``shield``: cancellation does not interrupt the wait."""
         while not self.status:
             if self._error is not None:
                 raise self._error
-            await self._wait()
-        await trio.lowlevel.checkpoint_if_cancelled()
+            if deadline < math.inf and trio.current_time() >= deadline:
+                return False
+            await self._wait(deadline, shield)
+        if not shield:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        return True
 
-    async def receive(self) -> bytes:
-        """The next chunk of the response body; ``b""`` at its end."""
+    async def receive_by(self, deadline: float) -> bytes | None:
+        """The next chunk of the response body, ``b""`` at its end; None when ``deadline``
+        passed first."""
         while True:
             if self._chunks:
                 data, flow = self._chunks.popleft()
@@ -390,7 +522,15 @@ class H2Stream:
                 return b""
             if self._error is not None:
                 raise self._error
-            await self._wait()
+            if deadline < math.inf and trio.current_time() >= deadline:
+                return None
+            await self._wait(deadline)
+
+    async def receive(self) -> bytes:
+        """The next chunk of the response body; ``b""`` at its end."""
+        chunk = await self.receive_by(math.inf)
+        assert chunk is not None
+        return chunk
 
     def receive_nowait(self) -> bytes | None:
         """A chunk already received (``b""`` at the end), or None when one must be awaited."""
@@ -480,6 +620,7 @@ class H2Connection:
         self._syncs: dict[bytes, tuple[float, trio.Event]] = {}
         self._sync_serial = 0
         self._reader_scope: trio.CancelScope | None = None
+        self._written: trio.Event | None = None  # set when the writer (if any) is done
         self._closed = False
         self._idle_event: trio.Event | None = None
 
@@ -516,7 +657,7 @@ class H2Connection:
             self._stream = await (self._connect or self._open)()
             self._h2.initiate()
             trio.lowlevel.spawn_system_task(self._read_loop, name=f"h2 reader {self._host}")
-            await self._flush()
+            self._flush()
         except BaseException as exc:
             if self._error is None:
                 self._error = exc if isinstance(exc, Exception) else httpx.ConnectError(repr(exc))
@@ -567,8 +708,46 @@ class H2Connection:
         is larger). Wait for the response with :meth:`H2Stream.receive_headers`.
         """
         await self._ensure_connected()
+        stream, rest = self.request_nowait(method, path, headers, body)
+        if rest:
+            h = self._h2
+            sid = stream.stream_id
+            try:
+                while rest:
+                    if h.send_window_of(sid) <= 0:
+                        self._flush()
+                        await self._wait_window(stream)
+                        continue
+                    rest = rest[h.send_data(sid, rest, end_stream=True) :]
+                stream._sent_all = True
+            except BaseException:
+                self._close_stream(stream)
+                raise
+            self._flush()
+        return stream
+
+    @property
+    def connected(self) -> bool:
+        return self._stream is not None
+
+    def fits(self, body: bytes | None) -> bool:
+        """True when a new stream's ``body`` fits in the send windows now."""
+        return not body or len(body) <= min(self._h2.send_window, self._h2.initial_send_window)
+
+    def request_nowait(
+        self,
+        method: bytes,
+        path: bytes,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes | None,
+    ) -> tuple[H2Stream, memoryview]:
+        """Send one request on a connected connection, as much of its body as the windows
+        allow, without waiting; returns the stream and the rest of the body (to send as the
+        windows open: :meth:`request` does)."""
         if self._error is not None:
             raise self._error
+        if self._stream is None:
+            raise RuntimeError("request_nowait on a connection not connected")
         if not self.usable:
             # A GOAWAY arrived since the pool picked us: provably never sent.
             raise httpx.ConnectError("the connection is closing (GOAWAY); not sent")
@@ -591,22 +770,12 @@ class H2Connection:
         self._first_block = False
         stream = H2Stream(self, sid)
         self._streams[sid] = stream
-        try:
-            stream._sent_all = not body
-            if body:
-                view = memoryview(body)
-                while view:
-                    if h.send_window_of(sid) <= 0:
-                        await self._flush()
-                        await self._wait_window(stream)
-                        continue
-                    view = view[h.send_data(sid, view, end_stream=True) :]
-                stream._sent_all = True
-        except BaseException:
-            self._close_stream(stream)
-            raise
-        await self._flush()
-        return stream
+        rest = memoryview(body or b"")
+        if rest and h.send_window_of(sid) > 0:
+            rest = rest[h.send_data(sid, rest, end_stream=True) :]
+        stream._sent_all = not rest
+        self._flush()
+        return stream, rest
 
     async def _wait_window(self, stream: H2Stream) -> None:
         if stream._error is not None:
@@ -638,45 +807,65 @@ class H2Connection:
 
     async def flush_soon(self) -> None:
         """Write pending frames (RST_STREAM, WINDOW_UPDATE); quiet if the connection failed."""
-        if self._stream is not None and self._error is None:
-            try:
-                await self._flush()
-            except httpx.HTTPError:
-                pass  # the connection failed: what was to be said no longer matters
+        self._flush()
 
-    async def _flush(self) -> None:
-        """Write h2's whole outbound buffer; a begun write completes (shielded, bounded)."""
-        if self._writing:
-            return  # the active writer loops until the buffer is empty, our bytes included
-        if self._error is not None:
-            raise self._error
+    def _flush(self) -> None:
+        """Hand the frame layer's bytes to the socket without waiting.
+
+        What the socket does not take at once is written by a system task (the writer), so a
+        begun write always completes, whoever asked for it is cancelled (the guarantee of
+        :class:`~._pool.WholeWrites`), bounded by ``WRITE_BOUND_SEC`` of no progress; while it
+        runs, later frames queue behind it in order. A failed write fails the connection.
+        """
+        if self._writing or self._error is not None:
+            return  # the writer loops until the buffer is empty, these bytes included
         stream = self._stream
         if stream is None:
             return
         data = self._h2.data_to_send()
         if not data:
             return
+        first: bytes | None = data
+        try_send = getattr(stream, "try_send", None)
+        if try_send is not None:
+            try:
+                if try_send(data):
+                    return
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+                self._write_failed(exc)
+                return
+            first = None  # the stream kept the rest
         self._writing = True
+        trio.lowlevel.spawn_system_task(self._write_behind, stream, first)
+
+    async def _write_behind(self, stream: trio.abc.Stream, first: bytes | None) -> None:
         try:
-            with trio.CancelScope(
-                shield=True, deadline=trio.current_time() + WRITE_BOUND_SEC
-            ) as scope:
-                while data:
+            with trio.CancelScope(deadline=trio.current_time() + WRITE_BOUND_SEC) as scope:
+                if first is None:
+                    await stream.send_rest()  # type: ignore[attr-defined]
+                else:
+                    await stream.send_all(first)
+                while data := self._h2.data_to_send():
+                    scope.deadline = trio.current_time() + WRITE_BOUND_SEC
                     await stream.send_all(data)
-                    data = self._h2.data_to_send()
             if scope.cancelled_caught:
-                err: Exception = httpx.WriteTimeout(
-                    f"a socket write did not complete in {WRITE_BOUND_SEC:g} s"
+                self._fail(
+                    httpx.WriteTimeout(f"a socket write did not complete in {WRITE_BOUND_SEC:g} s")
                 )
-                self._fail(err)
-                raise err
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
+            self._write_failed(exc)
+        except Exception as exc:  # a bug must not kill the run from a system task
+            self._fail(httpx.WriteError(f"HTTP/2 writer failed: {exc!r}"))
+        finally:
+            self._writing = False
+            if self._written is not None:
+                self._written.set()
+
+    def _write_failed(self, exc: BaseException) -> None:
+        if not self._closed:
             err = httpx.WriteError(f"writing to {self._host}: {exc!r}")
             err.__cause__ = exc
             self._fail(err)
-            raise err from exc
-        finally:
-            self._writing = False
 
     # --- reading -------------------------------------------------------------------------
 
@@ -697,13 +886,13 @@ class H2Connection:
                         self.heard_at = trio.current_time()
                         self._ping_sent_at = None  # any frame proves the peer alive
                         self._h2.receive(bytes(data))
-                        await self._flush_from_reader()
+                        self._flush()
                         if self._closed:
                             return
-                        scope.deadline = self.heard_at + self._ping_interval
                 self._reader_scope = None
-                if not scope.cancelled_caught:
-                    continue
+                if not scope.cancelled_caught or trio.current_time() < self._liveness_deadline():
+                    continue  # (the scope's deadline is not moved per read: when it fires
+                    # after the peer was heard from, the loop starts a new one)
                 if _readable(stream):
                     # The timer won a race with the peer's bytes (a late-running loop): read
                     # them before judging the peer.
@@ -712,7 +901,7 @@ class H2Connection:
                 grace = -math.inf
                 if self._ping_sent_at is None:
                     self._send_ping(b"trio-swe")
-                    await self._flush_from_reader()
+                    self._flush()
                 elif trio.current_time() >= self._ping_sent_at + self._ping_timeout:
                     raise httpx.ReadError(
                         f"no answer to a PING in {self._ping_timeout:g} s: connection dead"
@@ -721,7 +910,7 @@ class H2Connection:
             err = httpx.RemoteProtocolError(f"HTTP/2 protocol error from the peer: {exc}")
             err.__cause__ = exc
             self._h2.close(exc.code)
-            await self._flush_from_reader()  # tell the peer why (best effort)
+            self._flush()  # tell the peer why (best effort)
             self._fail(err)
         except httpx.HTTPError as exc:
             self._fail(exc)
@@ -775,14 +964,8 @@ class H2Connection:
             waiter = trio.Event()
             self._syncs[opaque] = (trio.current_time(), waiter)
             self._send_ping(opaque)
-            await self.flush_soon()
+            self._flush()
         await waiter.wait()
-
-    async def _flush_from_reader(self) -> None:
-        try:
-            await self._flush()
-        except httpx.HTTPError:
-            pass  # the connection is failed; the loop ends at its next read
 
     # --- what the frame layer reports (the _h2frames.Handler) ----------------------------
 
@@ -894,11 +1077,11 @@ class H2Connection:
             return
         with trio.CancelScope(shield=True, deadline=trio.current_time() + 5.0):
             if self._error is None:
-                try:
-                    self._h2.close()
-                    await self._flush()
-                except httpx.HTTPError:
-                    pass
+                self._h2.close()
+                self._flush()
+                if self._writing:
+                    self._written = trio.Event()
+                    await self._written.wait()
             self._fail(httpx.RemoteProtocolError("connection closed by the client"))
             await _close_quietly(stream)
 

@@ -168,7 +168,7 @@ class ClientConnection:
         self._recv_window = DEFAULT_WINDOW
         self._unacked = 0
         self.send_window = DEFAULT_WINDOW
-        self._initial_send_window = DEFAULT_WINDOW
+        self.initial_send_window = DEFAULT_WINDOW
         #: The peer's settings we obey.
         self.max_frame_size = DEFAULT_MAX_FRAME
         self.max_concurrent_streams = 2**31 - 1
@@ -227,7 +227,7 @@ class ClientConnection:
         if sid > _SID_MASK:
             raise TooManyStreams("stream ids exhausted on this connection")
         self._next_id += 2
-        s = _Stream(self._initial_send_window)
+        s = _Stream(self.initial_send_window)
         s.local_ended = end_stream
         self._streams[sid] = s
         size = self.max_frame_size
@@ -492,8 +492,8 @@ class ClientConnection:
             if key == SETTINGS_INITIAL_WINDOW_SIZE:
                 if value > MAX_WINDOW:
                     raise H2ProtocolError(FLOW_CONTROL_ERROR, "initial window too large")
-                delta = value - self._initial_send_window
-                self._initial_send_window = value
+                delta = value - self.initial_send_window
+                self.initial_send_window = value
                 for s in self._streams.values():
                     s.send_window += delta
                     if s.send_window > MAX_WINDOW:

@@ -9,6 +9,7 @@ last stream ended.
 
 from __future__ import annotations
 
+import math
 import ssl
 from collections.abc import Sequence
 from typing import Any
@@ -47,11 +48,14 @@ class H2Exchange:
     def header(self, name: str) -> str | None:
         return self.stream.header(name)
 
-    async def receive_headers(self) -> None:
-        await self.stream.receive_headers()
+    async def receive_headers(self, deadline: float = math.inf, *, shield: bool = False) -> bool:
+        return await self.stream.receive_headers(deadline, shield=shield)
 
     async def receive(self) -> bytes:
         return await self.stream.receive()
+
+    async def receive_by(self, deadline: float) -> bytes | None:
+        return await self.stream.receive_by(deadline)
 
     def receive_nowait(self) -> bytes | None:
         return self.stream.receive_nowait()
@@ -168,6 +172,33 @@ class H2Pool:
             best = self._new_lane()
         return best
 
+    def open_nowait(
+        self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
+    ) -> H2Exchange | None:
+        """:meth:`open` when it needs no wait (a free slot on a connected connection, the body
+        within the windows); None otherwise (then await :meth:`open`)."""
+        if self._closed or self._in_use >= self._per_conn * self._max_conns:
+            return None
+        lane = self._pick()
+        conn = lane.conn
+        if not conn.connected or not conn.fits(body):
+            return None
+        self._in_use += 1
+        lane.active += 1
+        self.streams_total += 1
+        active = self.active_streams
+        if active > self.peak_streams:
+            self.peak_streams = active
+        try:
+            stream, _ = conn.request_nowait(method, path, headers, body)
+        except BaseException as exc:
+            if isinstance(exc, Exception):
+                exc._trio_swe_lane = lane  # type: ignore[attr-defined]  # for reset()
+            if self._release_nowait(lane):
+                trio.lowlevel.spawn_system_task(self._close_lane, lane)
+            raise
+        return H2Exchange(self, lane, stream)
+
     async def open(
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
     ) -> H2Exchange:
@@ -195,15 +226,19 @@ class H2Pool:
         return H2Exchange(self, lane, stream)
 
     async def _release(self, lane: _Lane) -> None:
+        if self._release_nowait(lane):
+            await self._close_lane(lane)
+
+    def _release_nowait(self, lane: _Lane) -> bool:
+        """Give the slot back; True when the lane is to be closed now (its last stream)."""
         lane.active -= 1
         self._in_use -= 1
         if self._waiters:
             self._waiters.unpark()
         if lane.retired or not lane.conn.usable:
-            if lane.active == 0:
-                await self._close_lane(lane)
-        else:
-            await lane.conn.flush_soon()
+            return lane.active == 0
+        lane.conn._flush()
+        return False
 
     @property
     def active_streams(self) -> int:

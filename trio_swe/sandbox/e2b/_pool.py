@@ -11,6 +11,7 @@ one, and the old one is closed when its last stream ends.
 
 from __future__ import annotations
 
+import math
 import random
 import ssl
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
@@ -133,9 +134,16 @@ class Exchange(Protocol):
 
     def header(self, name: str) -> str | None: ...
 
-    async def receive_headers(self) -> None: ...
+    async def receive_headers(self, deadline: float = math.inf, *, shield: bool = False) -> bool:
+        """Wait for the response headers; False when ``deadline`` passed first. ``shield``:
+        cancellation does not interrupt the wait (it takes effect after it)."""
+        ...
 
     async def receive(self) -> bytes: ...
+
+    async def receive_by(self, deadline: float) -> bytes | None:
+        """:meth:`receive`, or None when ``deadline`` passed first."""
+        ...
 
     def receive_nowait(self) -> bytes | None:
         """A chunk at hand without waiting (``b""``: the end), or None: await :meth:`receive`."""
@@ -172,6 +180,12 @@ class Transport(Protocol):
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
     ) -> Exchange: ...
 
+    def open_nowait(
+        self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
+    ) -> Exchange | None:
+        """:meth:`open` when it can be done without waiting, else None (then await it)."""
+        ...
+
     async def reset(self, exchange: Any) -> None: ...
 
     async def aclose(self) -> None: ...
@@ -202,14 +216,21 @@ class HttpxExchange:
         value: str | None = self._response.headers.get(name)
         return value
 
-    async def receive_headers(self) -> None:
-        await trio.lowlevel.checkpoint_if_cancelled()
+    async def receive_headers(self, deadline: float = math.inf, *, shield: bool = False) -> bool:
+        if not shield:
+            await trio.lowlevel.checkpoint_if_cancelled()
+        return True  # httpx's send() returned with them
 
     async def receive(self) -> bytes:
         try:
             return await self._chunks.__anext__()
         except StopAsyncIteration:
             return b""
+
+    async def receive_by(self, deadline: float) -> bytes | None:
+        with trio.move_on_at(deadline):
+            return await self.receive()
+        return None
 
     def receive_nowait(self) -> bytes | None:
         return None
@@ -383,6 +404,11 @@ class ConnectionPool:
                 conn.active -= 1
                 if conn.retired and conn.active == 0:
                     await self._close_conn(conn)
+
+    def open_nowait(
+        self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
+    ) -> None:
+        return None  # httpx always awaits its response headers
 
     async def open(
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
