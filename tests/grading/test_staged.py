@@ -34,14 +34,18 @@ M = f"{STAGE} {N}"
 def test_a_whole_output_reads_stage_by_stage() -> None:
     out = (
         f"{M} apply\n@@TRIO_SWE_HEAD abc\n@@TRIO_SWE_APPLY ok git_apply\n\n"
-        f"{M} applied 0 100.25 100.5\n{M} tests 1 103,5 inline\nlog line\n{M} tests 0 1 inline\n"
+        f"{M} applied 0 7.00 100.25 7.20 100,5\n{M} tests 1 10.20 50.0 0 inline\nlog line\n"
+        f"{M} tests 0 1 1 0 inline\n"
     )
     st = read_stages(out, N)
     assert st.ladder_output == "@@TRIO_SWE_HEAD abc\n@@TRIO_SWE_APPLY ok git_apply\n"
+    # The wall clock's microseconds for the ladder (a decimal comma, LC_NUMERIC, reads too)...
     assert (st.ladder_status, st.apply_sec, st.tests_ended, st.tests_status) == (0, 0.25, True, 1)
-    assert st.tests_sec == 3.0  # a decimal comma (LC_NUMERIC) reads too
+    # ... the monotonic clock for the tests' budget (the wall clock stepped back meanwhile).
+    assert st.tests_sec == pytest.approx(3.0)
     # The log is everything after the first tests line, stage-like lines included.
-    assert st.log == f"log line\n{M} tests 0 1 inline\n"
+    assert st.log == f"log line\n{M} tests 0 1 1 0 inline\n"
+    assert not st.tests_cut
     assert st.failed_write is None
 
 
@@ -64,9 +68,17 @@ def test_stage_lines_of_another_nonce_or_inside_a_line_are_not_stages() -> None:
         (f"{M} nodir\n", {"failed_write": "nodir"}),
         (f"{M} nopatch\n", {"failed_write": "nopatch"}),
         (f"{M} apply\npartial", {"ladder_output": "partial"}),
-        (f"{M} apply\n\n{M} applied 0 x 2\n{M} noscript\n", {"failed_write": "noscript"}),
-        (f"{M} apply\n\n{M} applied 0 1 2\n{M} tests 137 9 file\n", {"log": None}),
-        (f"{M} apply\n\n{M} applied 0 5 2\n", {"apply_sec": None}),  # the clock went back
+        (f"{M} apply\n\n{M} applied 0 x x 2 2\n{M} noscript\n", {"failed_write": "noscript"}),
+        (
+            f"{M} apply\n\n{M} applied 0 1 1 2 2\n{M} tests 137 9 9 1 file\n",
+            {"log": None, "tests_cut": True},
+        ),
+        (f"{M} apply\n\n{M} applied 0 5 5 2 2\n", {"apply_sec": None}),  # clocks went back
+        (f"{M} apply\n\n{M} applied 0 x 1 x 3\n", {"apply_sec": 2.0}),  # wall clock only
+        (
+            f"{M} apply\n\n{M} applied 0 1 x 2 x\n{M} tests 0 x 9 0 inline\n",
+            {"apply_sec": 1.0, "tests_sec": None, "log": ""},
+        ),
         (f"{M} apply\n\n{M} applied\n", {"ladder_status": None, "apply_sec": None}),
     ],
     ids=[
@@ -76,7 +88,9 @@ def test_stage_lines_of_another_nonce_or_inside_a_line_are_not_stages() -> None:
         "cut_in_ladder",
         "noscript",
         "log_in_file",
-        "clock",
+        "clocks_back",
+        "wall_clock_only",
+        "no_common_clock",
         "bare",
     ],
 )
@@ -197,6 +211,7 @@ def test_the_watchdog_kills_the_scripts_process_group(tmp_path: Path, calc: Calc
     assert time.monotonic() - t < 60  # cut at the budget, far from the 300 s sleep
     st = read_stages(out, N)
     assert (done.returncode, st.tests_status, st.tests_ended) == (137, 137, True)
+    assert st.tests_cut
     assert st.tests_sec is not None
     assert st.tests_sec >= 1
     alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, check=False)

@@ -645,7 +645,7 @@ async def apply_then_run(
     result = msgspec.structs.replace(
         run, exit_code=run.exit_code if code is None else code, output=""
     )
-    if overrun or took > budget_sec:
+    if overrun or st.tests_cut or took > budget_sec:
         result = _as_overrun(result)
     return AppliedRun(outcome, result, log, apply_sec)
 

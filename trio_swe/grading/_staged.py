@@ -52,11 +52,12 @@ def staged_command(
     stderr merged into ``log_path``, its process group killed (job control is on) once it has
     run ``budget_sec`` rounded up to whole seconds (no bound when not finite).
 
-    Output: ``<mark> apply``, the ladder's output, ``<mark> applied <status> <t0> <t1>``, then
-    ``<mark> tests <status> <t2> inline|file`` followed by the log when it is at most
-    :data:`INLINE_LOG_BYTES`. ``t*``: the sandbox's clock (``$EPOCHREALTIME``, else ``date``;
-    ``x`` when neither works). A write that fails prints ``<mark> nodir``, ``nopatch`` or
-    ``noscript`` and ends the command. The patch travels as ``printf '%b'`` escapes (any
+    Output: ``<mark> apply``, the ladder's output, ``<mark> applied <status> <u0> <e0> <u1>
+    <e1>``, then ``<mark> tests <status> <u2> <e2> <cut> inline|file`` (``cut``: 1 when the
+    watchdog killed the script) followed by the log when it is at most :data:`INLINE_LOG_BYTES`. ``u*``: the sandbox's monotonic clock (``/proc/uptime``,
+    10 ms steps), ``e*``: its wall clock (``$EPOCHREALTIME``, microseconds); ``x`` when there is
+    none. A write that fails prints ``<mark> nodir``, ``nopatch`` or ``noscript`` and ends the
+    command. The patch travels as ``printf '%b'`` escapes (any
     byte), the script single-quoted: no process is started to write them.
     """
     q = shlex.quote
@@ -74,7 +75,8 @@ def staged_command(
         )
     body = script if script.endswith("\n") else script + "\n"
     parts += [
-        'now() { T=${EPOCHREALTIME:-}; [ -n "$T" ] || T=$(date +%s.%N 2>/dev/null) || T=x; }',
+        # No process: `read` of procfs and a bash variable.
+        'now() { read -r U _ </proc/uptime || U=x; E=${EPOCHREALTIME:-x}; T="$U $E"; }',
         f"echo '{mark} apply'",
         "now; t0=$T",
         f"(\n{ladder.rstrip()}\n) </dev/null 2>&1",
@@ -93,23 +95,27 @@ def staged_command(
         # The script in a process group of its own (set -m); a watchdog kills that group once
         # the budget is spent (`&&`: a `sleep` that fails kills nothing). Daemons that left
         # the group die with the sandbox.
+        # The marker says it fired (made before the kill, so a cut run always has it).
+        cut = q(f"{script_path}.cut")
         parts += [
             "set -m",
             f"bash {sp} > {lp} 2>&1 &",
             "p=$!",
-            f"{{ sleep {math.ceil(budget_sec)} && kill -KILL -- -$p; }} >/dev/null 2>&1 &",
+            f"{{ sleep {math.ceil(budget_sec)} && : > {cut} && kill -KILL -- -$p; }} "
+            ">/dev/null 2>&1 &",
             "w=$!",
             'wait "$p"; s=$?',
             'kill -KILL -- -"$w"',
             "set +m",
+            f"c=0; [ -e {cut} ] && c=1",
         ]
     else:
-        parts.append(f"bash {sp} > {lp} 2>&1; s=$?")
+        parts.append(f"bash {sp} > {lp} 2>&1; s=$?; c=0")
     parts += [
         "now",
         f'if [ "$(wc -c < {lp})" -le {INLINE_LOG_BYTES} ]; then '
-        f'echo "{mark} tests $s $T inline"; cat -- {lp}; '
-        f'else echo "{mark} tests $s $T file"; fi',
+        f'echo "{mark} tests $s $T $c inline"; cat -- {lp}; '
+        f'else echo "{mark} tests $s $T $c file"; fi',
         'exit "$s"',
     ]
     return "\n".join(parts) + "\n"
@@ -123,11 +129,13 @@ class Stages(msgspec.Struct, frozen=True, kw_only=True):
         failed_write: ``"nodir"`` / ``"nopatch"`` (before the ladder) or ``"noscript"``.
         ladder_output: the ladder's own output (None: the ladder never started).
         ladder_status: its exit status (None: it did not finish, or no number).
-        apply_sec: the ladder's own time by the sandbox's clock (None: unknown).
+        apply_sec: the ladder's own time by the sandbox's clocks (None: unknown).
         tests_status: the graded script's exit status (None: no tests line or no number).
-        tests_sec: the script's own time by the sandbox's clock (None: unknown).
+        tests_sec: the script's own time by the sandbox's monotonic clock, else its wall
+            clock (None: unknown).
         log: the log when it came inline (None: read it from its file).
         tests_ended: the tests line came (the script ended and the command outlived it).
+        tests_cut: the watchdog killed the script: it outlived its budget.
     """
 
     failed_write: str | None = None
@@ -135,6 +143,7 @@ class Stages(msgspec.Struct, frozen=True, kw_only=True):
     ladder_status: int | None = None
     apply_sec: float | None = None
     tests_ended: bool = False
+    tests_cut: bool = False
     tests_status: int | None = None
     tests_sec: float | None = None
     log: str | None = None
@@ -153,11 +162,12 @@ def read_stages(output: str, nonce: str) -> Stages:
     if applied is None:
         return Stages(ladder_output=output[start[2] :])
     fields, line_start, _ = applied
-    status, t0, t1 = [*fields, "", "", ""][:3]
+    status, u0, e0, u1, e1 = [*fields, "", "", "", "", ""][:5]
     ladder = Stages(
         ladder_output=output[start[2] : line_start].removesuffix("\n"),
         ladder_status=_int(status),
-        apply_sec=_elapsed(t0, t1),
+        # The wall clock for its microseconds; the monotonic one if there is no other.
+        apply_sec=_first(_elapsed(e0, e1), _elapsed(u0, u1)),
     )
     tests = lines.next("tests")
     if tests is None:
@@ -165,12 +175,14 @@ def read_stages(output: str, nonce: str) -> Stages:
             return msgspec.structs.replace(ladder, failed_write="noscript")
         return ladder
     fields, _, end = tests
-    status, t2, where = [*fields, "", "", ""][:3]
+    status, u2, e2, cut, where = [*fields, "", "", "", "", ""][:5]
     return msgspec.structs.replace(
         ladder,
         tests_ended=True,
+        tests_cut=cut == "1",
         tests_status=_int(status),
-        tests_sec=_elapsed(t1, t2),
+        # Decides a timeout: the monotonic clock first (a wall clock may step).
+        tests_sec=_first(_elapsed(u1, u2), _elapsed(e1, e2)),
         log=output[end:] if where == "inline" else None,
     )
 
@@ -214,6 +226,10 @@ def _clock(value: str) -> float | None:
     except ValueError:
         return None
     return t if math.isfinite(t) else None
+
+
+def _first(*values: float | None) -> float | None:
+    return next((v for v in values if v is not None), None)
 
 
 def _elapsed(start: str, end: str) -> float | None:
