@@ -41,6 +41,9 @@ END_RATE = float(os.environ.get("TRIO_SWE_SCALE_END_RATE", "50"))  # command end
 POLL = float(os.environ.get("TRIO_SWE_SCALE_POLL", "20"))
 #: Serve with the test server's lean HTTP/2 server (1) or hypercorn (0).
 LEAN = os.environ.get("TRIO_SWE_SCALE_LEAN", "1") == "1"
+#: At most this many sandboxes between "create sent" and "spawn returned" (the ramp slows down
+#: to what the machine can do instead of piling up requests).
+INFLIGHT = int(os.environ.get("TRIO_SWE_SCALE_INFLIGHT", "64"))
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -114,14 +117,26 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
             t0 = time.monotonic()
             first_end = t0 + ramp + hold
 
+            starting = trio.Semaphore(INFLIGHT)
+            spawned: list[float] = []
+
+            def on_spawned(sem: list[trio.Semaphore]) -> None:
+                spawned.append(time.monotonic())
+                if sem:
+                    sem.pop().release()
+
             async def one(i: int) -> None:
                 await trio.sleep_until(trio.current_time() + i / RATE - (time.monotonic() - t0))
                 code = i % 7
                 end = first_end + spread * i / n
+                held = [starting]
+                await starting.acquire()  # at most INFLIGHT sandboxes between create and spawn
                 try:
                     async with open_sandbox(backend, "base", workdir="/tmp", ttl_sec=3600) as raw:
-                        sb = _WaitClock(raw, seen)
+                        sb = _WaitClock(raw, seen, lambda: on_spawned(held))
                         sec = max(1.0, end - time.monotonic())
+                        if sec <= 1.0:
+                            late.append(i)
                         r = await exec_and_wait(
                             sb,
                             f"sleep {sec:.3f}; exit {code}",
@@ -133,6 +148,11 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                             errors.append(f"{i}: {r}")
                 except Exception as exc:
                     errors.append(f"{i}: {exc!r}")
+                finally:
+                    if held:
+                        held.pop().release()
+
+            late: list[int] = []  # created after their planned end: the ramp fell behind
 
             async def monitor() -> None:
                 while True:
@@ -204,6 +224,8 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
             "samples": samples,
             "first_end": first_end,
             "wall": wall,
+            "ramp_actual": (max(spawned) - t0) if spawned else math.nan,
+            "late": len(late),
             "pools_steady": pools_steady,
             "pools_end": pools_end,
             "lags": lags,
@@ -283,6 +305,9 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
         "server_connections": stats["server"]["connections"],
         "server_peak_rss_mb": stats["peak_rss_mb"],
         "ramp": n / RATE,
+        "ramp_actual": out["ramp_actual"],
+        "hold": hold,
+        "late": out["late"],
         "spread": n / END_RATE,
     }
 
@@ -296,6 +321,10 @@ def _report(r: dict[str, Any]) -> None:
     client = os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT", "default")
     print(f"    {r['uptime']} at the end; client {client}")
     print(f"    errors                         {len(r['errors'])}  {r['errors'][:3]}")
+    print(
+        f"    ramp                           {r['ramp_actual']:.0f} s (planned {r['ramp']:.0f} s, "
+        f"hold {r['hold']:.0f} s); created after their planned end: {r['late']}"
+    )
     print(f"    transient failures (retried)   {r['failures']}")
     print(f"    client peak RSS                {r['rss_mb']:.0f} MB")
     print(
@@ -363,17 +392,21 @@ if __name__ == "__main__":
 
 
 class _WaitClock:
-    """Wraps a sandbox; records when a detached wait RPC's "done" reply was in hand (by tag)."""
+    """Wraps a sandbox; records when a detached wait RPC's "done" reply was in hand (by tag),
+    and calls ``on_spawned`` when the spawn RPC returned."""
 
-    def __init__(self, sb: Any, seen: dict[str, float]) -> None:
+    def __init__(self, sb: Any, seen: dict[str, float], on_spawned: Any) -> None:
         self._sb = sb
         self._seen = seen
+        self._on_spawned = on_spawned
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sb, name)
 
     async def exec(self, cmd: str, **kw: Any) -> Any:
         result = await self._sb.exec(cmd, **kw)
+        if "trio-swe-launcher" in cmd:
+            self._on_spawned()
         if "flock -s -w" in cmd and " done " in result.output:
             tag = cmd.split("cd ", 1)[1].split(" ", 1)[0].rsplit("/", 1)[-1]
             self._seen.setdefault(tag, time.monotonic())
@@ -384,34 +417,47 @@ class _WaitClock:
 
 
 class _SpawnClock:
-    """Wraps a sandbox; records when each detached spawn RPC returned (by the call's tag)."""
+    """Wraps a sandbox; records, by the detached call's tag, when its command file write began
+    and when its spawn RPC began and returned."""
 
-    def __init__(self, sb: Any, returned: dict[str, float]) -> None:
+    def __init__(self, sb: Any, times: dict[str, list[float]]) -> None:
         self._sb = sb
-        self._returned = returned
+        self._times = times
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sb, name)
 
+    async def write_file(self, path: str, data: Any, **kw: Any) -> Any:
+        if "/.trio_swe/" in path:
+            tag = path.rsplit("/", 2)[-2]
+            self._times.setdefault(tag, [time.monotonic(), math.nan, math.nan])
+        return await self._sb.write_file(path, data, **kw)
+
     async def exec(self, cmd: str, **kw: Any) -> Any:
+        spawn = "trio-swe-launcher" in cmd
+        t0 = time.monotonic()
         result = await self._sb.exec(cmd, **kw)
-        if "trio-swe-launcher" in cmd:
+        if spawn:
             tag = cmd.split("cd ", 1)[1].split(" ", 1)[0].rsplit("/", 1)[-1]
-            self._returned[tag] = time.monotonic()
+            rec = self._times.setdefault(tag, [t0, t0, t0])
+            rec[1:] = [t0, time.monotonic()]
         return result
 
 
-def run_stall(n: int, srv: Any, *, together: bool, sec: float, poll: float) -> dict[str, Any]:
-    """N sandboxes boot (``boot_sec`` on the server) and each runs one detached ``sleep sec``:
-    booted and run together, or all booted first. Spawn lag = spawn RPC returned (client) -
-    command started (server)."""
+def run_stall(
+    n: int, srv: Any, *, together: bool, sec: float, poll: float, real: bool
+) -> dict[str, Any]:
+    """N sandboxes boot and each runs one detached ``sleep sec``: booted and run together, or
+    all booted first. Figures: write + spawn (the command file write began -> the spawn RPC
+    returned), the spawn RPC alone, and (synthetic server) spawn lag = spawn RPC returned -
+    command started on the server; the server's event-loop lag over the run."""
     from trio_swe import exec_and_wait, open_sandbox
     from trio_swe.sandbox.e2b import E2BBackend
 
     info = srv.info
 
     async def main() -> dict[str, Any]:
-        spawn_returned: dict[str, float] = {}
+        times: dict[str, list[float]] = {}
         durations: dict[str, float] = {}
         errors: list[str] = []
         booted = trio.Event()
@@ -432,7 +478,7 @@ def run_stall(n: int, srv: Any, *, together: bool, sec: float, poll: float) -> d
                             booted.set()
                         if not together:
                             await booted.wait()
-                        sb = _SpawnClock(raw, spawn_returned)
+                        sb = _SpawnClock(raw, times)
                         r = await exec_and_wait(
                             sb, f"sleep {sec}", time_budget_sec=sec + 600, poll_interval_sec=poll
                         )
@@ -442,43 +488,82 @@ def run_stall(n: int, srv: Any, *, together: bool, sec: float, poll: float) -> d
                 except Exception as exc:
                     errors.append(f"{i}: {exc!r}")
 
+            t0 = time.monotonic()
             async with trio.open_nursery() as nursery:
                 for i in range(n):
                     nursery.start_soon(one, i)
-        return {"spawn_returned": spawn_returned, "durations": durations, "errors": errors}
+            failures = dict(backend.statistics().failures)
+        return {
+            "times": times,
+            "durations": durations,
+            "errors": errors,
+            "t0": t0,
+            "failures": failures,
+        }
 
     out = trio.run(main)
-    ends: dict[str, float] = srv.query("ends")
-    lags = [
-        out["spawn_returned"][t] - (ends[t] - out["durations"][t])
-        for t in out["spawn_returned"]
-        if t in ends and t in out["durations"]
+    ends: dict[str, float] = {} if real else srv.query("ends")
+    lags = [lag for t, lag in srv.query("lags") if t >= out["t0"]]
+    times = out["times"]
+    both = [times[t][2] - times[t][0] for t in out["durations"] if t in times]
+    spawn = [times[t][2] - times[t][1] for t in out["durations"] if t in times]
+    late = [
+        times[t][2] - (ends[t] - out["durations"][t])
+        for t in out["durations"]
+        if t in ends and t in times
     ]
     return {
-        "p50": _pct(lags, 0.5),
-        "p90": _pct(lags, 0.9),
-        "max": max(lags) if lags else math.nan,
+        "both": both,
+        "spawn": spawn,
+        "late": late,
         "errors": out["errors"],
-        "n": len(lags),
+        "failures": out["failures"],
+        "server_lag": (_pct(lags, 0.5), _pct(lags, 0.99), max(lags) if lags else math.nan),
     }
 
 
+def _dist(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return (
+        f"p50 {_pct(values, 0.5) * 1e3:6.0f}  p90 {_pct(values, 0.9) * 1e3:6.0f}  "
+        f"max {max(values) * 1e3:6.0f} ms"
+    )
+
+
 def main_stall() -> None:
+    """The 200-sandbox spawn stall of issue 13: booted and run together vs booted first.
+
+    ``TRIO_SWE_STALL_REAL=1``: the real local server (local sandboxes, real processes, in a
+    subprocess, hypercorn as in the issue's runs); otherwise the synthetic one with
+    ``TRIO_SWE_STALL_BOOT`` s boots. ``TRIO_SWE_STALL_N`` sandboxes (200).
+    """
     from trio_swe.testing import EnvdServerProcess
 
     n = int(os.environ.get("TRIO_SWE_STALL_N", "200"))
     boot = float(os.environ.get("TRIO_SWE_STALL_BOOT", "3"))
+    real = os.environ.get("TRIO_SWE_STALL_REAL", "0") == "1"
+    lean = os.environ.get("TRIO_SWE_STALL_LEAN", "0") == "1"
     sec, poll = 20.0, 5.0
+    where = "real local sandboxes" if real else f"synthetic, boot {boot:g} s"
     print(
-        f"spawn stall: {n} sandboxes (synthetic boot {boot:g} s), detached `sleep {sec:g}`, "
-        f"poll {poll:g} s; spawn lag = spawn RPC returned - command started"
+        f"spawn stall: {n} sandboxes ({where}; server {'lean h2' if lean else 'hypercorn'}), "
+        f"detached `sleep {sec:g}`, poll {poll:g} s"
     )
     for together in (True, False):
-        with EnvdServerProcess(synthetic=True, tls=True, boot_sec=boot) as srv:
-            r = run_stall(n, srv, together=together, sec=sec, poll=poll)
-        how = "booted and run together" if together else "all booted first     "
+        print(f"  start: {_uptime()}", flush=True)
+        with EnvdServerProcess(
+            synthetic=not real, tls=True, boot_sec=0.0 if real else boot, lean_http2=lean
+        ) as srv:
+            r = run_stall(n, srv, together=together, sec=sec, poll=poll, real=real)
+        how = "booted and run together" if together else "all booted first"
+        lag = r["server_lag"]
+        print(f"  {how}: {len(r['errors'])} errors {r['errors'][:2]}, retried {r['failures']}")
+        print(f"    write + spawn        {_dist(r['both'])}")
+        print(f"    spawn RPC            {_dist(r['spawn'])}")
+        if r["late"]:
+            print(f"    spawn returned - command started {_dist(r['late'])}")
         print(
-            f"  {how}: p50 {r['p50'] * 1e3:7.0f} ms  p90 {r['p90'] * 1e3:7.0f} ms  "
-            f"max {r['max'] * 1e3:7.0f} ms  ({r['n']} spawns, {len(r['errors'])} errors "
-            f"{r['errors'][:2]})"
+            f"    server loop lag      p50 {lag[0] * 1e3:.0f}  p99 {lag[1] * 1e3:.0f}  "
+            f"max {lag[2] * 1e3:.0f} ms; {_uptime()}"
         )

@@ -9,7 +9,7 @@ One call makes these RPCs:
 1. ``write_file`` of the command file (replay-safe: it replaces);
 2. one ``exec`` of the spawn script (``idempotent=True``: an atomic lock in the sandbox turns a
    replay into a no-op), which returns once the launcher holds its lock;
-3. one ``exec`` per ``poll_interval_sec`` of the wait script, from a poller task in the sandbox's
+3. one ``exec`` per ``poll_interval_sec`` (120 s by default) of the wait script, from a poller task in the sandbox's
    nursery; each blocks in the sandbox until the launcher exits (``flock``), so the end of the
    command is seen at once;
 4. ``read_file`` of the output when ``want_output`` and it did not come inline.
@@ -69,6 +69,12 @@ INLINE_OUTPUT_BYTES = 64 * 1024
 _MALFORMED_RETRIES = 5
 #: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
 MAX_POLL_INTERVAL_SEC = 300.0
+#: Default in-sandbox wait per RPC. The end is seen at once (``flock``) whatever this is; it
+#: only sets how often a running command costs a wait RPC, and that is the client's steady
+#: state: a wait RPC costs ~2 ms of client CPU over E2B, so 10,000 running commands re-polling
+#: every 20 s (the old default) need a whole core, every 120 s a sixth of one
+#: (docs/e2b.md, "At scale"). Well below gateways' stream limits (a cut stream is re-attached).
+DEFAULT_POLL_INTERVAL_SEC = 120.0
 #: Backoff between attempts of an RPC whose sandbox did not answer (full jitter, capped).
 _UNREACHABLE_BASE_SEC = 0.1
 _UNREACHABLE_CAP_SEC = 5.0
@@ -91,7 +97,7 @@ async def exec_and_wait(
     env: Mapping[str, str] | None = None,
     workdir: str | None = None,
     want_output: bool = False,
-    poll_interval_sec: float = 20.0,
+    poll_interval_sec: float = DEFAULT_POLL_INTERVAL_SEC,
 ) -> ExecResult:
     """Run ``cmd`` detached in ``sb`` and wait for it, at most ``time_budget_sec`` seconds.
 
@@ -117,7 +123,8 @@ async def exec_and_wait(
         workdir: where the command starts (default: the sandbox's workdir).
         want_output: return the full output; otherwise the output is ``""`` on success and the
             last 4 KiB (``output_truncated`` set when longer) on failure or overrun.
-        poll_interval_sec: the longest a single wait RPC blocks in the sandbox.
+        poll_interval_sec: the longest a single wait RPC blocks in the sandbox (the end is
+            seen at once whatever it is; it sets how often a running command costs an RPC).
 
     Returns:
         The command's :class:`ExecResult`, with ``tag`` set. A non-zero exit is a result.
