@@ -1,6 +1,6 @@
 """The envd test server in a process of its own, so a client's CPU and memory are its own.
 
-``python -m trio_swe.testing._envd._subprocess [--synthetic] [--tls] [--boot-sec S]`` serves on
+``python -m trio_swe.testing._envd [--synthetic] [--tls] [--lean] [--boot-sec S]`` serves on
 loopback and prints one JSON line (``api_url``, ``sandbox_url``, ``ca_path``, ``api_key``,
 ``pid``). It then answers one JSON line per command line read on stdin:
 
@@ -124,7 +124,7 @@ class EnvdServerProcess:
         max_streams: int = 100,
         lean_http2: bool = False,
     ) -> None:
-        self._argv = [sys.executable, "-m", "trio_swe.testing._envd._subprocess"]
+        self._argv = [sys.executable, "-m", "trio_swe.testing._envd"]
         if synthetic:
             self._argv.append("--synthetic")
         if tls:
