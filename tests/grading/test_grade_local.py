@@ -260,3 +260,27 @@ async def test_unbootable_image_is_a_sandbox_error(
             grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
         )
     assert grading_backend.statistics().live == 0
+
+
+@pytest.mark.parametrize(
+    ("protocol", "row"),
+    [
+        pytest.param("swebench", "swebench_classic_row", marks=pytest.mark.swebench),
+        ("scaleswe", "scaleswe_f2p_row"),
+    ],
+)
+async def test_a_failed_boot_is_a_sandbox_error_as_itself(
+    calc: CalcRepo, grading_backend: LocalBackend, protocol: str, row: str
+) -> None:
+    # Not wrapped in an exception group by the grading's own nursery: callers (episodes)
+    # catch SandboxError to abort as an infrastructure failure.
+    if protocol == "swebench" and _swebench_major() >= 5:
+        pytest.skip("swebench 5.x builds no eval script for classic rows")
+    image = f"/nonexistent/trio-swe-test@{calc.base}"
+    data = getattr(calc, row)(image=image) if protocol == "swebench" else getattr(calc, row)()
+    if protocol == "scaleswe":
+        data["image_url"] = image
+    with pytest.raises(SandboxError, match="nonexistent"):
+        await run_evaluation(
+            grading_backend, get_metadata(data, protocol), calc.gold, timeout_sec=BUDGET_SEC
+        )

@@ -8,6 +8,7 @@ from typing import Any
 
 import trio
 
+from .._groups import open_private_nursery
 from ..sandbox import Backend
 from . import _result as R
 from . import _swebench_api
@@ -46,20 +47,7 @@ class SweBenchProtocol:
         return _swebench_api.unavailable_reason()
 
     def evaluability_check(self, md: InstanceMetadata) -> str | None:
-        if md.mismatch:
-            return md.mismatch
-        g = md.grading
-        if not isinstance(g, SweBenchGrading):
-            return "protocol_row_mismatch:not_swebench_metadata"
-        if not md.image:
-            return "missing_image"
-        if not g.fail_to_pass and not g.pass_to_pass:
-            return "no_graded_tests"  # vacuously RESOLVED_FULL for any patch
-        try:
-            _swebench_api.build_test_spec(md)
-        except _swebench_api.SpecBuildError as exc:
-            return f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason
-        return None
+        return self._check_and_spec(md)[0]
 
     async def run_evaluation(
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
@@ -72,12 +60,20 @@ class SweBenchProtocol:
         )
 
     def _check_and_spec(self, md: InstanceMetadata) -> tuple[str | None, Any]:
-        """:meth:`evaluability_check` and the ``TestSpec`` it built, in one go."""
-        reason = self.evaluability_check(md)
-        if reason is not None:
-            return reason, None
-        # Built once more than the check did: cheap, and the check stays a pure predicate.
-        return None, _swebench_api.build_test_spec(md)
+        """Why ``md`` cannot be graded (:meth:`evaluability_check`), else the ``TestSpec``."""
+        if md.mismatch:
+            return md.mismatch, None
+        g = md.grading
+        if not isinstance(g, SweBenchGrading):
+            return "protocol_row_mismatch:not_swebench_metadata", None
+        if not md.image:
+            return "missing_image", None
+        if not g.fail_to_pass and not g.pass_to_pass:
+            return "no_graded_tests", None  # vacuously RESOLVED_FULL for any patch
+        try:
+            return None, _swebench_api.build_test_spec(md)
+        except _swebench_api.SpecBuildError as exc:
+            return (f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason), None
 
     async def _evaluate(
         self,
@@ -101,7 +97,9 @@ class SweBenchProtocol:
         # The log is graded in a thread while the sandbox is being killed (the kill is the
         # sandbox context's exit): the nursery waits for both.
         art = current_artifacts()
-        async with trio.open_nursery() as nursery:
+        # A private nursery: the sandbox's errors (a failed boot, SandboxError) come out as
+        # themselves, not in an exception group.
+        async with open_private_nursery("grading the log") as nursery:
             async with open_eval_sandbox(backend, md, phases) as sb:
                 # The ladder and the eval script are one command: the script runs only once
                 # the ladder applied the patch. The checkout must be the row's base_commit
