@@ -424,8 +424,7 @@ class LocalSandbox:
             try:
                 # The pid namespace's init: when it dies the kernel kills every process in the
                 # namespace, including daemons that called setsid.
-                _kill_pid(self._init_pid)
-                kill_process_group(self._bwrap.pid)
+                await _kill_init(self._init_pid, also=lambda: kill_process_group(self._bwrap.pid))
                 await self._bwrap.wait()
                 await close_process_streams(self._bwrap)
                 for proc in list(self._processes):
@@ -467,12 +466,34 @@ class LocalSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
     kill_sec: float | None = None
 
 
-def _kill_pid(pid: int) -> None:
-    """SIGKILL ``pid``; already gone is fine."""
+#: How long a kill waits for the namespace's processes to be gone (one stuck in the kernel,
+#: e.g. on a dead network file system, must not hang the kill forever).
+_NAMESPACE_EXIT_SEC = 30.0
+
+
+async def _kill_init(pid: int, *, also: Callable[[], None]) -> None:
+    """SIGKILL a pid namespace's init (then run ``also``) and wait until the namespace is empty.
+
+    The kernel holds the init's exit until every other process of its namespace has been
+    reaped, and a pidfd turns readable on that exit: so once it is readable, no daemon of the
+    sandbox is left. Killing the init's parent (bwrap) returns sooner than that, so waiting on
+    bwrap alone leaves dying daemons behind for a moment. Already gone is fine.
+    """
     try:
-        os.kill(pid, signal.SIGKILL)
+        fd = os.pidfd_open(pid)
     except ProcessLookupError:
-        pass
+        also()
+        return
+    try:
+        try:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        also()
+        with trio.move_on_after(_NAMESPACE_EXIT_SEC):
+            await trio.lowlevel.wait_readable(fd)
+    finally:
+        os.close(fd)
 
 
 def kill_process_group(pgid: int) -> None:
