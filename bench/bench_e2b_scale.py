@@ -5,10 +5,11 @@ commands are timers, files are in memory) in a subprocess of its own, over TLS +
 loopback, so what is measured here is the client: ``E2BBackend`` + ``exec_and_wait`` on one trio
 thread.
 
-Each of N sandboxes is created on a ramp (``N / RATE`` s), runs one detached
-``sleep D; exit K``, and is killed. Every command is still running at the end of the ramp plus
-a hold (two long-poll intervals), and the ends are spread uniformly over ``N / END_RATE`` s
-after that. Reported:
+Each of N sandboxes is created on a ramp (``N / RATE`` s at most; at most ``INFLIGHT`` between
+create and spawn, so a slow machine ramps slower), runs one detached ``sleep D; exit K``, and is
+killed. The commands are long timers: once all run, the steady state is measured for ``HOLD`` s,
+then the server is told to end them (``reschedule``), spread evenly at ``END_RATE`` per second.
+Reported:
 
 * errors (exceptions or wrong exit codes; must be 0);
 * client peak RSS;
@@ -19,10 +20,13 @@ after that. Reported:
   p50 / p99 / max;
 * connections and streams per connection (the client pool's, and the server's count).
 
-Run: ``python -m bench e2b_scale`` (1,000 only, about 2 minutes);
-``TRIO_SWE_SCALE_N=1000,10000 python -m bench e2b_scale`` for both (10,000 takes 5-10 minutes
-on 2 cores). ``TRIO_SWE_SCALE_POLL`` sets ``poll_interval_sec`` (default 20, the library's),
-``TRIO_SWE_SCALE_STREAMS`` / ``TRIO_SWE_SCALE_CONNS`` the pool's caps.
+Run: ``python -m bench e2b_scale`` (1,000 only, about 2 minutes on a quiet machine);
+``TRIO_SWE_SCALE_N=1000,10000 python -m bench e2b_scale`` for both (10,000: the ramp alone is
+~170 s of client CPU). ``TRIO_SWE_SCALE_POLL`` sets ``poll_interval_sec`` (default 120, the
+library's), ``_HOLD`` the steady window (40 s), ``_RATE`` / ``_END_RATE`` (100 / 50 per s),
+``_INFLIGHT`` (64), ``_KEEPALIVE`` the backend's keepalive interval, ``_STREAMS`` / ``_CONNS``
+the pool's caps, ``_LEAN=0`` hypercorn instead of the lean HTTP/2 server,
+``_PROFILE=ramp|steady|end`` (``...2``: top functions too) a cProfile of that phase.
 """
 
 from __future__ import annotations
@@ -38,7 +42,9 @@ import trio
 
 RATE = float(os.environ.get("TRIO_SWE_SCALE_RATE", "100"))  # sandboxes started per second
 END_RATE = float(os.environ.get("TRIO_SWE_SCALE_END_RATE", "50"))  # command ends per second
-POLL = float(os.environ.get("TRIO_SWE_SCALE_POLL", "20"))
+POLL = float(os.environ.get("TRIO_SWE_SCALE_POLL", "120"))
+#: Synthetic commands' length: they end when the server is told (``reschedule``), not on it.
+_LONG = 100000.0
 #: Serve with the test server's lean HTTP/2 server (1) or hypercorn (0).
 LEAN = os.environ.get("TRIO_SWE_SCALE_LEAN", "1") == "1"
 #: At most this many sandboxes between "create sent" and "spawn returned" (the ramp slows down
@@ -89,8 +95,7 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
     from trio_swe.sandbox.e2b import E2BBackend
 
     info = srv.info
-    ramp = n / RATE
-    hold = float(os.environ.get("TRIO_SWE_SCALE_HOLD", 2 * POLL + 5.0))
+    hold = float(os.environ.get("TRIO_SWE_SCALE_HOLD", "40"))
     spread = n / END_RATE
     kw: dict[str, Any] = {}
     if "TRIO_SWE_SCALE_STREAMS" in os.environ:
@@ -107,6 +112,12 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
         # (t, client cpu, server cpu, spawns, waits) every second
         samples: list[tuple[float, float, float, int, int]] = []
         cpu0 = _cpu()
+        query_lock = trio.Lock()  # one question at a time on the server's stdin
+
+        async def query(line: str) -> Any:
+            async with query_lock:
+                return await trio.to_thread.run_sync(srv.query, line)
+
         async with E2BBackend(
             api_key=info["api_key"],
             api_url=info["api_url"],
@@ -115,32 +126,32 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
             **kw,
         ) as backend:
             t0 = time.monotonic()
-            first_end = t0 + ramp + hold
-
             starting = trio.Semaphore(INFLIGHT)
             spawned: list[float] = []
+            all_spawned = trio.Event()
+            marks: dict[str, float] = {}  # steady_start, steady_end, first_end
+            ending = trio.Event()  # the server was told to end them
 
             def on_spawned(sem: list[trio.Semaphore]) -> None:
                 spawned.append(time.monotonic())
+                if len(spawned) == n:
+                    all_spawned.set()
                 if sem:
                     sem.pop().release()
 
             async def one(i: int) -> None:
                 await trio.sleep_until(trio.current_time() + i / RATE - (time.monotonic() - t0))
                 code = i % 7
-                end = first_end + spread * i / n
                 held = [starting]
                 await starting.acquire()  # at most INFLIGHT sandboxes between create and spawn
                 try:
-                    async with open_sandbox(backend, "base", workdir="/tmp", ttl_sec=3600) as raw:
+                    async with open_sandbox(backend, "base", workdir="/tmp", ttl_sec=7200) as raw:
                         sb = _WaitClock(raw, seen, lambda: on_spawned(held))
-                        sec = max(1.0, end - time.monotonic())
-                        if sec <= 1.0:
-                            late.append(i)
+                        # Ended by the server's reschedule once all run (see controller).
                         r = await exec_and_wait(
                             sb,
-                            f"sleep {sec:.3f}; exit {code}",
-                            time_budget_sec=sec + 600,
+                            f"sleep {_LONG:g}; exit {code}",
+                            time_budget_sec=_LONG + 600,
                             poll_interval_sec=POLL,
                         )
                         returned[r.tag or ""] = time.monotonic()
@@ -152,11 +163,9 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                     if held:
                         held.pop().release()
 
-            late: list[int] = []  # created after their planned end: the ramp fell behind
-
             async def monitor() -> None:
                 while True:
-                    stats = await trio.to_thread.run_sync(srv.query, "stats")
+                    stats = await query("stats")
                     shapes = stats["synthetic"]["by_shape"]
                     samples.append(
                         (
@@ -171,9 +180,16 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
 
             pools_steady: list[dict[str, Any]] = []
 
-            async def snapshot_pools() -> None:
-                await trio.sleep_until(trio.current_time() + (first_end - time.monotonic()) - 1.0)
+            async def controller() -> None:
+                """Steady state once all run (HOLD s), then the server ends them, spread."""
+                await all_spawned.wait()
+                marks["steady_start"] = time.monotonic() + 5.0
+                marks["steady_end"] = marks["steady_start"] + hold
+                await trio.sleep_until(trio.current_time() + 5.0 + hold)
                 pools_steady.extend(_pool_figures(backend.statistics()))
+                marks["first_end"] = time.monotonic() + 1.0
+                await query(f"reschedule {marks['first_end']!r} {spread!r}")
+                ending.set()
 
             lags: list[tuple[float, float]] = []  # (when, how late a 10 ms sleep woke)
 
@@ -189,24 +205,34 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                     return
                 import cProfile
 
-                if which.startswith("steady"):
-                    start, stop = t0 + ramp + 5.0, first_end - 1.0
-                elif which.startswith("ramp"):
-                    start, stop = t0, t0 + ramp
-                else:  # "end": while the commands end
-                    start, stop = first_end, first_end + spread
-                await trio.sleep_until(trio.current_time() + start - time.monotonic())
+                async def at(when: float) -> None:
+                    await trio.sleep_until(trio.current_time() + when - time.monotonic())
+
                 prof = cProfile.Profile(time.thread_time)
-                c0 = _cpu()
-                prof.enable()
-                await trio.sleep_until(trio.current_time() + stop - time.monotonic())
+                if which.startswith("ramp"):
+                    start = time.monotonic()
+                    c0 = _cpu()
+                    prof.enable()
+                    await all_spawned.wait()
+                else:
+                    await all_spawned.wait()
+                    if which.startswith("steady"):
+                        await at(marks["steady_start"])
+                    else:  # "end": while the commands end
+                        await ending.wait()
+                        await at(marks["first_end"])
+                    start = time.monotonic()
+                    c0 = _cpu()
+                    prof.enable()
+                    await at(start + (hold if which.startswith("steady") else spread))
                 prof.disable()
+                stop = time.monotonic()
                 profiles.append((which, stop - start, _cpu() - c0, prof))
 
             profiles: list[tuple[str, float, float, Any]] = []
             async with trio.open_nursery() as outer:
                 outer.start_soon(monitor)
-                outer.start_soon(snapshot_pools)
+                outer.start_soon(controller)
                 outer.start_soon(loop_lag)
                 outer.start_soon(profile)
                 async with trio.open_nursery() as nursery:
@@ -222,10 +248,10 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
             "errors": errors,
             "returned": returned,
             "samples": samples,
-            "first_end": first_end,
+            "first_end": marks.get("first_end", math.inf),
+            "steady": (marks.get("steady_start", math.inf), marks.get("steady_end", math.inf)),
             "wall": wall,
             "ramp_actual": (max(spawned) - t0) if spawned else math.nan,
-            "late": len(late),
             "pools_steady": pools_steady,
             "pools_end": pools_end,
             "lags": lags,
@@ -255,7 +281,8 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
     rpc_lat = [seen[t] - replied[t] for t in out["returned"] if t in seen and t in replied]
     wake_lat = [out["returned"][t] - seen[t] for t in out["returned"] if t in seen]
     # Steady state: every command spawned, none ended yet.
-    steady = [s for s in out["samples"] if s[3] >= n and s[0] < out["first_end"]]
+    lo, hi = out["steady"]
+    steady = [s for s in out["samples"] if lo <= s[0] <= hi]
     cpu = srv_cpu = math.nan
     window = 0.0
     waits = 0
@@ -264,7 +291,7 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
         cpu = (steady[-1][1] - steady[0][1]) / window * 100
         srv_cpu = (steady[-1][2] - steady[0][2]) / window * 100
         waits = steady[-1][4] - steady[0][4]
-    lag_steady = [lag for t, lag in out["lags"] if steady and steady[0][0] <= t < out["first_end"]]
+    lag_steady = [lag for t, lag in out["lags"] if lo <= t < hi]
     lag_end = [lag for t, lag in out["lags"] if t >= out["first_end"]]
     end_cpu = end_srv_cpu = math.nan
     ending = [s for s in out["samples"] if s[0] >= out["first_end"]]
@@ -307,7 +334,6 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
         "ramp": n / RATE,
         "ramp_actual": out["ramp_actual"],
         "hold": hold,
-        "late": out["late"],
         "spread": n / END_RATE,
     }
 
@@ -323,7 +349,7 @@ def _report(r: dict[str, Any]) -> None:
     print(f"    errors                         {len(r['errors'])}  {r['errors'][:3]}")
     print(
         f"    ramp                           {r['ramp_actual']:.0f} s (planned {r['ramp']:.0f} s, "
-        f"hold {r['hold']:.0f} s); created after their planned end: {r['late']}"
+        f"then all ran for {r['hold']:.0f} s + 5 s before their ends began)"
     )
     print(f"    transient failures (retried)   {r['failures']}")
     print(f"    client peak RSS                {r['rss_mb']:.0f} MB")

@@ -121,3 +121,29 @@ def test_server_in_a_subprocess_reports_ends_and_stats() -> None:
     assert stats["synthetic"]["by_shape"]["spawn"] == 1
     assert stats["server"]["sandboxes_killed"] == 1
     assert stats["cpu_sec"] > 0
+
+
+async def test_reschedule_ends_running_commands_when_told(
+    synthetic: tuple[EnvdServer, SyntheticBackend, E2BBackend],
+) -> None:
+    """A load test's long timers end when the backend is told, spread, in spawn order."""
+    _, backend, e2b = synthetic
+    with trio.fail_after(60):  # a hang guard only: the commands would run 100,000 s
+        async with open_sandbox(e2b, "base", workdir="/tmp") as sb:
+            codes: list[int] = []
+
+            async def one(code: int) -> None:
+                r = await exec_and_wait(sb, f"sleep 100000; exit {code}", time_budget_sec=1e6)
+                codes.append(r.exit_code)
+
+            async with trio.open_nursery() as nursery:
+                for code in range(3):
+                    nursery.start_soon(one, code)
+                    await backend.next_spawn()  # spawned in this order
+                first = time.monotonic() + 0.2
+                assert backend.reschedule(first, 0.3) == 3
+                # In spawn order: the command of exit code k ends k x 0.1 s after the first.
+                by_code = sorted(backend.ends.values())
+                assert by_code == pytest.approx([first, first + 0.1, first + 0.2])
+            assert sorted(codes) == [0, 1, 2]
+            assert backend.reschedule(time.monotonic(), 1.0) == 0  # nothing runs any more

@@ -8,6 +8,7 @@ loopback and prints one JSON line (``api_url``, ``sandbox_url``, ``ca_path``, ``
   backend's counters, and the process's CPU seconds and peak RSS;
 * ``ends``: ``{nonce: scheduled end}`` of every synthetic detached command (``time.monotonic()``);
 * ``replied``: ``{nonce: when a wait script's reply saying "done" was ready}``;
+* ``reschedule FIRST_END SPREAD``: :meth:`SyntheticBackend.reschedule` (answers the count);
 * ``lags``: ``[[when, lag], ...]``: how late a 10 ms sleep of the server's event loop woke
   (``time.monotonic()``, seconds), sampled all along: a busy server shows here;
 * ``profile_start`` / ``profile_stop PATH``: a cProfile of the server's thread (CPU time)
@@ -72,6 +73,9 @@ def _serve(args: argparse.Namespace) -> None:
                 out: Any
                 if line == "lags":
                     out = lags
+                elif line.startswith("reschedule ") and synthetic is not None:
+                    first, spread = (float(x) for x in line.split()[1:3])
+                    out = synthetic.reschedule(first, spread)
                 elif line == "profile_start":
                     import cProfile
 

@@ -137,7 +137,7 @@ def _unquote(word: str) -> str:
 class _Call:
     """The state of one detached call's directory."""
 
-    __slots__ = ("done", "end", "killed", "nonce", "owner", "pid", "program", "status")
+    __slots__ = ("done", "end", "killed", "nonce", "owner", "pid", "program", "scope", "status")
 
     def __init__(self) -> None:
         self.owner: str | None = None  # the ``spawned`` symlink: a nonce or ``killed.<nonce>``
@@ -148,6 +148,7 @@ class _Call:
         self.status: int | None = None  # set once done
         self.done = trio.Event()
         self.killed = False
+        self.scope: trio.CancelScope | None = None  # the timer's (see reschedule)
 
 
 class _Stream(trio.abc.ReceiveStream):
@@ -399,12 +400,13 @@ class SyntheticSandbox:
         call.program = program
         call.end = trio.current_time() + program.duration
         self._backend.ends[nonce] = time.monotonic() + program.duration
+        self._backend._running.append(call)
         self._nursery.start_soon(self._timer, call)
         self._backend._spawn_seen()
         return f"{REPLY_PREFIX} started {call.pid}\n".encode()
 
     async def _timer(self, call: _Call) -> None:
-        with trio.move_on_at(call.end):
+        with trio.move_on_at(call.end) as call.scope:
             await call.done.wait()  # killed first
         if call.status is None and call.program is not None:
             call.status = call.program.status
@@ -498,6 +500,27 @@ class SyntheticBackend:
         self.created = 0
         self.killed = 0
         self._spawned = trio.Event()
+        self._running: list[_Call] = []  # detached commands in spawn order (pruned lazily)
+
+    def reschedule(self, first_end: float, spread_sec: float) -> int:
+        """End every running detached command anew: the first at ``first_end``
+        (``time.monotonic()``), the others spread evenly over ``spread_sec``, in spawn order.
+
+        A load test spawns its commands with long timers, measures the steady state once all
+        run, then ends them when it chooses (however long the ramp took). ``ends`` is updated.
+        Returns how many were rescheduled.
+        """
+        running = [c for c in self._running if c.status is None and not c.done.is_set()]
+        self._running = running
+        offset = trio.current_time() - time.monotonic()
+        for k, call in enumerate(running):
+            end = first_end + spread_sec * k / max(1, len(running))
+            call.end = end + offset
+            if call.scope is not None:
+                call.scope.deadline = call.end
+            if call.nonce is not None:
+                self.ends[call.nonce] = end
+        return len(running)
 
     async def next_spawn(self) -> None:
         """Return after the next detached command is spawned (in-process servers only)."""
