@@ -43,20 +43,7 @@ async def _lean(client: str, **server_kw: Any) -> AsyncIterator[tuple[EnvdServer
             yield server, backend
 
 
-@pytest.mark.parametrize(
-    "client",
-    [
-        pytest.param(
-            "h2",
-            marks=pytest.mark.xfail(
-                reason="the h2 client queues a consumed stream's WINDOW_UPDATE without sending "
-                "it; a server that fills the window in one write stalls (docs/testing.md)",
-                strict=False,
-            ),
-        ),
-        "httpx",
-    ],
-)
+@pytest.mark.parametrize("client", CLIENTS)
 async def test_big_bodies_and_output_through_flow_control(client: str) -> None:
     with trio.fail_after(120):  # a hang guard only
         async with _lean(client) as (server, backend), open_sandbox(backend, "base") as sb:

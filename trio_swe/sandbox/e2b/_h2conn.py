@@ -787,6 +787,9 @@ class H2Connection:
     def _consumed(self, stream_id: int, flow: int) -> None:
         if flow and self._error is None:
             self._h2.consumed(stream_id, flow)
+            # A WINDOW_UPDATE it queued goes out now: a peer that filled the window waits for
+            # it, and nothing else may be written on this connection for a long time.
+            self._flush()
 
     def _close_stream(self, stream: H2Stream) -> None:
         sid = stream.stream_id
