@@ -17,16 +17,7 @@ from typing import Any
 import trio
 
 from ._h2conn import H2Connection, H2Stream, split_origin
-from ._pool import PoolStatistics
-
-
-class _Lane:
-    __slots__ = ("active", "conn", "retired")
-
-    def __init__(self, conn: H2Connection) -> None:
-        self.conn = conn
-        self.active = 0
-        self.retired = False
+from ._pool import Lane, Lanes, PoolStatistics
 
 
 class H2Exchange:
@@ -34,7 +25,7 @@ class H2Exchange:
 
     __slots__ = ("_closed", "_lane", "_pool", "stream", "stream_id")
 
-    def __init__(self, pool: H2Pool, lane: _Lane, stream: H2Stream) -> None:
+    def __init__(self, pool: H2Pool, lane: Lane[H2Connection], stream: H2Stream) -> None:
         self._pool = pool
         self._lane = lane
         self.stream = stream
@@ -108,8 +99,6 @@ class H2Pool:
         ping_interval: float = 30.0,
         ping_timeout: float | None = None,
     ) -> None:
-        if streams_per_connection < 1 or max_connections < 1:
-            raise ValueError("streams_per_connection and max_connections must be >= 1")
         self.origin = origin.rstrip("/")
         scheme, self._host, self._port = split_origin(self.origin)
         self._tls: ssl.SSLContext | None = None
@@ -123,26 +112,29 @@ class H2Pool:
         default_port = 443 if scheme == "https" else 80
         self._authority = self._host if self._port == default_port else f"{self._host}:{self._port}"
         self._base = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-        self._per_conn = streams_per_connection
-        self._max_conns = max_connections
         self._connect_timeout = connect_timeout
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
-        self._lanes: list[_Lane] = []
-        self._retired: list[_Lane] = []
-        self._in_use = 0
-        self._waiters = trio.lowlevel.ParkingLot()
-        self._closed = False
-        # counters
-        self.connections_opened = 0
-        self.resets = 0
-        self.streams_total = 0
-        self.peak_streams = 0
-        self.slot_waits = 0
+        self._lanes: Lanes[H2Connection] = Lanes(
+            self.origin,
+            streams_per_connection,
+            max_connections,
+            self._new_conn,
+            usable=_usable,
+            close_soon=self._close_soon,
+            client="h2",
+        )
 
-    def _new_lane(self) -> _Lane:
-        self.connections_opened += 1
-        conn = H2Connection(
+    @property
+    def resets(self) -> int:
+        return self._lanes.resets
+
+    @property
+    def connections_opened(self) -> int:
+        return self._lanes.connections_opened
+
+    def _new_conn(self) -> H2Connection:
+        return H2Connection(
             self._host,
             self._port,
             tls=self._tls,
@@ -152,50 +144,31 @@ class H2Pool:
             ping_interval=self._ping_interval,
             ping_timeout=self._ping_timeout,
         )
-        lane = _Lane(conn)
-        self._lanes.append(lane)
-        return lane
 
-    def _pick(self) -> _Lane:
-        best: _Lane | None = None
-        for lane in list(self._lanes):
-            if not lane.conn.usable:
-                self._retire(lane)
-                continue
-            if best is None or lane.active < best.active:
-                best = lane
-        # Spread: another connection once the least loaded one is half full (never a stream on
-        # a full one; the slot count guarantees a lane can be opened then).
-        if best is None or (
-            best.active >= self._per_conn // 2 and len(self._lanes) < self._max_conns
-        ):
-            best = self._new_lane()
-        return best
+    def _close_soon(self, lane: Lane[H2Connection]) -> None:
+        # No stream left to finish: close it from a system task (we may be sync here).
+        trio.lowlevel.spawn_system_task(self._close_lane, lane)
 
     def open_nowait(
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
     ) -> H2Exchange | None:
         """:meth:`open` when it needs no wait (a free slot on a connected connection, the body
         within the windows); None otherwise (then await :meth:`open`)."""
-        if self._closed or self._in_use >= self._per_conn * self._max_conns:
+        lanes = self._lanes
+        if lanes.closed or lanes.full:
             return None
-        lane = self._pick()
+        lane = lanes.pick()
         conn = lane.conn
         if not conn.connected or not conn.fits(body):
             return None
-        self._in_use += 1
-        lane.active += 1
-        self.streams_total += 1
-        active = self.active_streams
-        if active > self.peak_streams:
-            self.peak_streams = active
+        lanes.take(lane)
         try:
             stream, _ = conn.request_nowait(method, path, headers, body)
         except BaseException as exc:
             if isinstance(exc, Exception):
                 exc._trio_swe_lane = lane  # type: ignore[attr-defined]  # for reset()
-            if self._release_nowait(lane):
-                trio.lowlevel.spawn_system_task(self._close_lane, lane)
+            if lanes.release(lane):
+                self._close_soon(lane)
             raise
         return H2Exchange(self, lane, stream)
 
@@ -203,19 +176,7 @@ class H2Pool:
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
     ) -> H2Exchange:
         """Take a stream slot and send one request (wait for the answer on the exchange)."""
-        if self._closed:
-            raise RuntimeError("connection pool is closed")
-        if self._in_use >= self._per_conn * self._max_conns:
-            self.slot_waits += 1
-            while self._in_use >= self._per_conn * self._max_conns:
-                await self._waiters.park()
-        self._in_use += 1
-        lane = self._pick()
-        lane.active += 1
-        self.streams_total += 1
-        active = self.active_streams
-        if active > self.peak_streams:
-            self.peak_streams = active
+        lane = await self._lanes.acquire()
         try:
             stream = await lane.conn.request(method, path, headers, body)
         except BaseException as exc:
@@ -225,49 +186,28 @@ class H2Pool:
             raise
         return H2Exchange(self, lane, stream)
 
-    async def _release(self, lane: _Lane) -> None:
-        if self._release_nowait(lane):
+    async def _release(self, lane: Lane[H2Connection]) -> None:
+        if self._lanes.release(lane):
             await self._close_lane(lane)
-
-    def _release_nowait(self, lane: _Lane) -> bool:
-        """Give the slot back; True when the lane is to be closed now (its last stream)."""
-        lane.active -= 1
-        self._in_use -= 1
-        if self._waiters:
-            self._waiters.unpark()
-        if lane.retired or not lane.conn.usable:
-            return lane.active == 0
-        lane.conn._flush()
-        return False
+        else:
+            lane.conn._flush()  # the stream's RST_STREAM or window credit, if any
 
     @property
     def active_streams(self) -> int:
-        return sum(lane.active for lane in self._lanes) + sum(lane.active for lane in self._retired)
-
-    def _retire(self, lane: _Lane) -> None:
-        if lane in self._lanes:
-            self._lanes.remove(lane)
-            lane.retired = True
-            self._retired.append(lane)
-            if lane.active == 0:
-                # No stream left to finish: close it from a system task (we may be sync here).
-                trio.lowlevel.spawn_system_task(self._close_lane, lane)
+        return self._lanes.active_streams
 
     async def reset(self, exchange: Any) -> None:
         """Retire the connection behind ``exchange`` (after a protocol error); idempotent."""
         lane = getattr(
             exchange, "_trio_swe_lane" if isinstance(exchange, BaseException) else "_lane", None
         )
-        if isinstance(lane, _Lane) and lane in self._lanes:
-            self.resets += 1
-            self._retire(lane)
+        if isinstance(lane, Lane) and lane in self._lanes.lanes:
+            self._lanes.resets += 1
+            if self._lanes.retire(lane):
+                self._close_soon(lane)
 
-    async def _close_lane(self, lane: _Lane) -> None:
-        if lane in self._retired:
-            self._retired.remove(lane)
-        elif lane in self._lanes:
-            self._lanes.remove(lane)
-        else:
+    async def _close_lane(self, lane: Lane[H2Connection]) -> None:
+        if not self._lanes.forget(lane):
             return
         with trio.CancelScope(shield=True):
             try:
@@ -277,22 +217,16 @@ class H2Pool:
 
     async def aclose(self) -> None:
         """Close every connection (streams still open on them fail)."""
-        self._closed = True
-        lanes = self._lanes + self._retired
-        for lane in lanes:
-            await self._close_lane(lane)
+        for lane in self._lanes.close_all():
+            with trio.CancelScope(shield=True):
+                try:
+                    await lane.conn.aclose()
+                except Exception:
+                    pass
 
     def statistics(self) -> PoolStatistics:
-        return PoolStatistics(
-            origin=self.origin,
-            connections=len(self._lanes),
-            connections_opened=self.connections_opened,
-            retired_draining=len(self._retired),
-            resets=self.resets,
-            active_streams=self.active_streams,
-            peak_streams=self.peak_streams,
-            streams_total=self.streams_total,
-            slot_waits=self.slot_waits,
-            streams_per_connection=self._per_conn,
-            client="h2",
-        )
+        return self._lanes.statistics()
+
+
+def _usable(conn: H2Connection) -> bool:
+    return conn.usable

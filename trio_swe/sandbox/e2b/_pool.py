@@ -14,9 +14,9 @@ from __future__ import annotations
 import math
 import random
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpcore
 import httpx
@@ -196,9 +196,11 @@ class Transport(Protocol):
 class HttpxExchange:
     """:class:`Exchange` over an httpx streaming response (sent and answered by ``open``)."""
 
-    def __init__(self, pool: ConnectionPool, conn: _Conn, response: httpx.Response) -> None:
+    def __init__(
+        self, pool: ConnectionPool, lane: Lane[httpx.AsyncClient], response: httpx.Response
+    ) -> None:
         self._pool = pool
-        self._conn = conn
+        self._lane = lane
         self._response = response
         self._chunks = response.aiter_raw()
         self._closed = False
@@ -206,7 +208,7 @@ class HttpxExchange:
 
     @property
     def client(self) -> httpx.AsyncClient:
-        return self._conn.client
+        return self._lane.conn
 
     @property
     def status(self) -> int:
@@ -255,17 +257,7 @@ class HttpxExchange:
             with trio.CancelScope(shield=True):
                 await self._response.aclose()
         finally:
-            await self._pool._release(self._conn)
-
-
-class _Conn:
-    __slots__ = ("active", "client", "retired", "serial")
-
-    def __init__(self, client: httpx.AsyncClient, serial: int) -> None:
-        self.client = client
-        self.serial = serial
-        self.active = 0
-        self.retired = False
+            await self._pool._release(self._lane)
 
 
 class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -298,11 +290,167 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     client: str = "httpx"
 
 
+C = TypeVar("C")
+
+
+class Lane(Generic[C]):
+    """One connection of a pool, with the streams it carries."""
+
+    __slots__ = ("active", "conn", "retired")
+
+    def __init__(self, conn: C) -> None:
+        self.conn = conn
+        self.active = 0
+        self.retired = False
+
+
+class Lanes(Generic[C]):
+    """The sharding bookkeeping of both pools: which connection takes the next stream.
+
+    At most ``per_conn`` streams per connection; another connection once the least loaded one
+    is half full, up to ``max_conns``; beyond ``per_conn * max_conns`` streams callers wait for
+    a free slot. A retired connection takes no new streams and is closed once its last stream
+    ended (the caller closes it when :meth:`release` or :meth:`retire` says so). Counts what
+    :class:`PoolStatistics` reports.
+    """
+
+    def __init__(
+        self,
+        origin: str,
+        per_conn: int,
+        max_conns: int,
+        new_conn: Callable[[], C],
+        usable: Callable[[C], bool] | None = None,
+        close_soon: Callable[[Lane[C]], None] | None = None,
+        *,
+        client: str,
+    ) -> None:
+        if per_conn < 1 or max_conns < 1:
+            raise ValueError("streams_per_connection and max_connections must be >= 1")
+        self.origin = origin
+        self.per_conn = per_conn
+        self.max_conns = max_conns
+        self._new_conn = new_conn
+        self._usable = usable
+        self._close_soon = close_soon
+        self._client = client
+        self.lanes: list[Lane[C]] = []
+        self.retired: list[Lane[C]] = []
+        self._in_use = 0
+        self._waiters = trio.lowlevel.ParkingLot()
+        self.closed = False
+        self.connections_opened = 0
+        self.resets = 0
+        self.streams_total = 0
+        self.peak_streams = 0
+        self.slot_waits = 0
+
+    @property
+    def full(self) -> bool:
+        return self._in_use >= self.per_conn * self.max_conns
+
+    def pick(self) -> Lane[C]:
+        """The lane for the next stream (opening one when due); no slot is taken. Lanes found
+        unusable are retired (and handed to ``close_soon`` when they carry no stream)."""
+        best: Lane[C] | None = None
+        usable = self._usable
+        for lane in list(self.lanes) if usable is not None else self.lanes:
+            if usable is not None and not usable(lane.conn):
+                if self.retire(lane) and self._close_soon is not None:
+                    self._close_soon(lane)
+                continue
+            if best is None or lane.active < best.active:
+                best = lane
+        # Spread: another connection once the least loaded one is half full (never a stream on
+        # a full one: the slot count guarantees a lane can be opened then).
+        if best is None or (best.active >= self.per_conn // 2 and len(self.lanes) < self.max_conns):
+            self.connections_opened += 1
+            best = Lane(self._new_conn())
+            self.lanes.append(best)
+        return best
+
+    def take(self, lane: Lane[C]) -> None:
+        """Count a stream on ``lane`` (a slot must be free: see :attr:`full`)."""
+        self._in_use += 1
+        lane.active += 1
+        self.streams_total += 1
+        if self._in_use > self.peak_streams:
+            self.peak_streams = self._in_use
+
+    async def acquire(self) -> Lane[C]:
+        """Wait for a free slot, pick a lane and count the stream on it."""
+        if self.closed:
+            raise RuntimeError("connection pool is closed")
+        if self.full:
+            self.slot_waits += 1
+            while self.full:
+                await self._waiters.park()
+        lane = self.pick()
+        self.take(lane)
+        return lane
+
+    def release(self, lane: Lane[C]) -> bool:
+        """A stream on ``lane`` ended; True when the lane is to be closed now."""
+        lane.active -= 1
+        self._in_use -= 1
+        if self._waiters:
+            self._waiters.unpark()
+        return lane.active == 0 and (
+            lane.retired or (self._usable is not None and not self._usable(lane.conn))
+        )
+
+    def retire(self, lane: Lane[C]) -> bool:
+        """Put no new stream on ``lane``; True when it was in use and carries none now (close
+        it). False when it was retired already."""
+        if lane not in self.lanes:
+            return False
+        self.lanes.remove(lane)
+        lane.retired = True
+        self.retired.append(lane)
+        return lane.active == 0
+
+    def forget(self, lane: Lane[C]) -> bool:
+        """Drop ``lane`` from the pool (it is being closed); False when it was gone already."""
+        if lane in self.retired:
+            self.retired.remove(lane)
+        elif lane in self.lanes:
+            self.lanes.remove(lane)
+        else:
+            return False
+        return True
+
+    def close_all(self) -> list[Lane[C]]:
+        """Every lane, forgotten (the pool is closing)."""
+        self.closed = True
+        lanes = self.lanes + self.retired
+        self.lanes, self.retired = [], []
+        return lanes
+
+    @property
+    def active_streams(self) -> int:
+        return self._in_use
+
+    def statistics(self) -> PoolStatistics:
+        return PoolStatistics(
+            origin=self.origin,
+            connections=len(self.lanes),
+            connections_opened=self.connections_opened,
+            retired_draining=len(self.retired),
+            resets=self.resets,
+            active_streams=self._in_use,
+            peak_streams=self.peak_streams,
+            streams_total=self.streams_total,
+            slot_waits=self.slot_waits,
+            streams_per_connection=self.per_conn,
+            client=self._client,
+        )
+
+
 class ConnectionPool:
     """Connections to one origin; hands out a client with a free stream slot.
 
     Connections open lazily; a new one opens when the least loaded is half full, so streams
-    spread over up to ``max_connections`` connections.
+    spread over up to ``max_connections`` connections (:class:`Lanes`).
 
     Args:
         origin: ``scheme://host:port``.
@@ -328,31 +476,22 @@ class ConnectionPool:
         headers: Mapping[str, str] | None = None,
         connect_timeout: float = 10.0,
     ) -> None:
-        if streams_per_connection < 1 or max_connections < 1:
-            raise ValueError("streams_per_connection and max_connections must be >= 1")
         self.origin = origin.rstrip("/")
         self._http2 = http2 or h2c
         self._h2c = h2c
         self._verify = verify
         self._per_conn = streams_per_connection
-        self._max_conns = max_connections
         self._headers = dict(headers or {})
         self._connect_timeout = connect_timeout
-        self._slots = trio.Semaphore(streams_per_connection * max_connections)
-        self._lanes: list[_Conn] = []
-        self._retired: list[_Conn] = []
-        self._serial = 0
-        self._closed = False
-        # counters
-        self.connections_opened = 0
-        self.resets = 0
-        self.streams_total = 0
-        self.peak_streams = 0
-        self.slot_waits = 0
+        self._lanes: Lanes[httpx.AsyncClient] = Lanes(
+            self.origin, streams_per_connection, max_connections, self._new_client, client="httpx"
+        )
+
+    @property
+    def resets(self) -> int:
+        return self._lanes.resets
 
     def _new_client(self) -> httpx.AsyncClient:
-        self._serial += 1
-        self.connections_opened += 1
         # One live connection per client on HTTP/2 (+1 to replace one that got a GOAWAY);
         # on HTTP/1.1 a connection carries one stream at a time, so allow the whole cap.
         limits = httpx.Limits(
@@ -371,39 +510,14 @@ class ConnectionPool:
             trust_env=False,
         )
 
-    def _pick(self) -> _Conn:
-        best: _Conn | None = None
-        for conn in self._lanes:
-            if best is None or conn.active < best.active:
-                best = conn
-        # Spread: open another connection once the least loaded one is half full (and never put
-        # a stream on a full one). The global semaphore guarantees a lane can be opened then.
-        if best is None or (
-            best.active >= self._per_conn // 2 and len(self._lanes) < self._max_conns
-        ):
-            best = _Conn(self._new_client(), self._serial)
-            self._lanes.append(best)
-        assert best.active < self._per_conn
-        return best
-
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[httpx.AsyncClient]:
         """Reserve one stream slot; yields the client to send that one request with."""
-        if self._closed:
-            raise RuntimeError("connection pool is closed")
-        if self._slots.value == 0:
-            self.slot_waits += 1
-        async with self._slots:
-            conn = self._pick()
-            conn.active += 1
-            self.streams_total += 1
-            self.peak_streams = max(self.peak_streams, self.active_streams)
-            try:
-                yield conn.client
-            finally:
-                conn.active -= 1
-                if conn.retired and conn.active == 0:
-                    await self._close_conn(conn)
+        lane = await self._lanes.acquire()
+        try:
+            yield lane.conn
+        finally:
+            await self._release(lane)
 
     def open_nowait(
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
@@ -414,17 +528,10 @@ class ConnectionPool:
         self, method: bytes, path: bytes, headers: Sequence[tuple[bytes, bytes]], body: bytes | None
     ) -> HttpxExchange:
         """Take a stream slot, send one request and wait for its response headers."""
-        if self._closed:
-            raise RuntimeError("connection pool is closed")
-        if self._slots.value == 0:
-            self.slot_waits += 1
-        await self._slots.acquire()
-        conn = self._pick()
-        conn.active += 1
-        self.streams_total += 1
-        self.peak_streams = max(self.peak_streams, self.active_streams)
+        lane = await self._lanes.acquire()
+        client = lane.conn
         try:
-            request = conn.client.build_request(
+            request = client.build_request(
                 method.decode(),
                 path.decode(),
                 content=body,
@@ -433,74 +540,52 @@ class ConnectionPool:
                     connect=self._connect_timeout, read=None, write=30.0, pool=30.0
                 ),
             )
-            response = await conn.client.send(request, stream=True)
+            response = await client.send(request, stream=True)
         except BaseException as exc:
             if isinstance(exc, Exception):
-                exc._trio_swe_lane = conn  # type: ignore[attr-defined]  # for reset()
-            await self._release(conn)
+                exc._trio_swe_lane = lane  # type: ignore[attr-defined]  # for reset()
+            await self._release(lane)
             raise
-        return HttpxExchange(self, conn, response)
+        return HttpxExchange(self, lane, response)
 
-    async def _release(self, conn: _Conn) -> None:
-        conn.active -= 1
-        self._slots.release()
-        if conn.retired and conn.active == 0:
-            await self._close_conn(conn)
+    async def _release(self, lane: Lane[httpx.AsyncClient]) -> None:
+        if self._lanes.release(lane):
+            await self._close_lane(lane)
 
     @property
     def active_streams(self) -> int:
-        return sum(c.active for c in self._lanes) + sum(c.active for c in self._retired)
+        return self._lanes.active_streams
 
     async def reset(self, client: Any) -> None:
         """Retire the connection behind ``client`` (an ``httpx.AsyncClient``, an exchange, or
         an exception raised by :meth:`open`) after a protocol error; idempotent."""
         if isinstance(client, HttpxExchange):
-            client = client.client
+            lane: Any = client._lane
         elif isinstance(client, BaseException):
             lane = getattr(client, "_trio_swe_lane", None)
-            client = lane.client if isinstance(lane, _Conn) else None
-        for i, conn in enumerate(self._lanes):
-            if conn.client is client:
-                conn.retired = True
-                self.resets += 1
-                del self._lanes[i]
-                if conn.active == 0:
-                    await self._close_conn(conn)
-                else:
-                    self._retired.append(conn)
-                return
+        else:
+            lane = next((x for x in self._lanes.lanes if x.conn is client), None)
+        if isinstance(lane, Lane) and lane in self._lanes.lanes:
+            self._lanes.resets += 1
+            if self._lanes.retire(lane):
+                await self._close_lane(lane)
 
-    async def _close_conn(self, conn: _Conn) -> None:
-        if conn in self._retired:
-            self._retired.remove(conn)
+    async def _close_lane(self, lane: Lane[httpx.AsyncClient]) -> None:
+        self._lanes.forget(lane)
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + 5.0
             try:
-                await conn.client.aclose()
+                await lane.conn.aclose()
             except Exception:
                 pass  # a broken connection may fail to close cleanly; it is gone either way
 
     async def aclose(self) -> None:
         """Close every connection (streams still open on them fail)."""
-        self._closed = True
-        conns = self._lanes + self._retired
-        self._lanes, self._retired = [], []
-        for conn in conns:
-            await self._close_conn(conn)
+        for lane in self._lanes.close_all():
+            await self._close_lane(lane)
 
     def statistics(self) -> PoolStatistics:
-        return PoolStatistics(
-            origin=self.origin,
-            connections=len(self._lanes),
-            connections_opened=self.connections_opened,
-            retired_draining=len(self._retired),
-            resets=self.resets,
-            active_streams=self.active_streams,
-            peak_streams=self.peak_streams,
-            streams_total=self.streams_total,
-            slot_waits=self.slot_waits,
-            streams_per_connection=self._per_conn,
-        )
+        return self._lanes.statistics()
 
 
 # --- one request with retries, for every client of a pool ------------------------------------
