@@ -499,3 +499,21 @@ async def test_a_request_needs_no_wait_on_a_connected_connection() -> None:
         await peer.until(h2.events.RequestReceived, s3.stream_id)
         s1.close()
         s3.close()
+
+
+async def test_credit_for_data_read_is_sent_without_waiting_for_the_next_read() -> None:
+    # A peer that fills the stream's window in one write and then waits for credit: the credit
+    # for what the stream's reader took must go out then, not with the connection's next read.
+    async with pair() as (conn, peer):
+        s = await conn.request(b"GET", b"/files", [], None)
+        await peer.until(h2.events.RequestReceived, s.stream_id)
+        await peer.respond(s.stream_id, b"x" * 65000, end=False)  # one read of the client's
+        await s.receive_headers()
+        got = 0
+        while got < 65000:
+            got += len(await s.receive())
+        with trio.fail_after(10):  # a hang guard: without the credit this never returns
+            while peer.h2.local_flow_control_window(s.stream_id) < 32768:
+                await peer.until(h2.events.WindowUpdated)
+        await peer.respond_data(s.stream_id, b"y" * 16384)  # within the credit
+        s.close()

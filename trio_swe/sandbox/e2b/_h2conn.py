@@ -621,6 +621,7 @@ class H2Connection:
         self._sync_serial = 0
         self._reader_scope: trio.CancelScope | None = None
         self._written: trio.Event | None = None  # set when the writer (if any) is done
+        self._reader_task: trio.lowlevel.Task | None = None
         self._closed = False
         self._idle_event: trio.Event | None = None
 
@@ -656,7 +657,9 @@ class H2Connection:
         try:
             self._stream = await (self._connect or self._open)()
             self._h2.initiate()
-            trio.lowlevel.spawn_system_task(self._read_loop, name=f"h2 reader {self._host}")
+            self._reader_task = trio.lowlevel.spawn_system_task(
+                self._read_loop, name=f"h2 reader {self._host}"
+            )
             self._flush()
         except BaseException as exc:
             if self._error is None:
@@ -785,11 +788,15 @@ class H2Connection:
         await self._window_waiters.park()
 
     def _consumed(self, stream_id: int, flow: int) -> None:
+        """A reader took (or we dropped) ``flow`` bytes: credit them, and send the credit now
+        (a peer that filled the window waits for it; the reader task sends its own after a
+        read)."""
         if flow and self._error is None:
             self._h2.consumed(stream_id, flow)
             # A WINDOW_UPDATE it queued goes out now: a peer that filled the window waits for
             # it, and nothing else may be written on this connection for a long time.
-            self._flush()
+            if trio.lowlevel.current_task() is not self._reader_task:
+                self._flush()
 
     def _close_stream(self, stream: H2Stream) -> None:
         sid = stream.stream_id
