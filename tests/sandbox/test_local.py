@@ -346,7 +346,10 @@ async def test_state_removal_runs_before_the_process_exits(image: Path, tmp_path
         "            assert r.ok, r.output\n"
         "trio.run(main)\n"
     )
-    done = await trio.run_process([sys.executable, str(script)], capture_stderr=True, check=False)
+    with trio.fail_after(120):  # a hang guard only
+        done = await trio.run_process(
+            [sys.executable, str(script)], capture_stderr=True, check=False
+        )
     assert done.returncode == 0, done.stderr.decode()
     assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
     assert list((state / "trash").iterdir()) == []
