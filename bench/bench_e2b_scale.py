@@ -64,6 +64,10 @@ def _uptime() -> str:
         return "load average " + " ".join(f.read().split()[:3])
 
 
+def _rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
 def _cpu() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -132,10 +136,15 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
             marks: dict[str, float] = {}  # steady_start, steady_end, first_end
             ending = trio.Event()  # the server was told to end them
 
+            failed_early = 0  # calls that failed before their spawn returned
+
+            def settled() -> None:
+                if len(spawned) + failed_early >= n:
+                    all_spawned.set()
+
             def on_spawned(sem: list[trio.Semaphore]) -> None:
                 spawned.append(time.monotonic())
-                if len(spawned) == n:
-                    all_spawned.set()
+                settled()
                 if sem:
                     sem.pop().release()
 
@@ -159,6 +168,10 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                             errors.append(f"{i}: {r}")
                 except Exception as exc:
                     errors.append(f"{i}: {exc!r}")
+                    if held:  # never spawned: do not wait for it
+                        nonlocal failed_early
+                        failed_early += 1
+                        settled()
                 finally:
                     if held:
                         held.pop().release()
@@ -187,6 +200,16 @@ def run_one(n: int, srv: Any) -> dict[str, Any]:
                 marks["steady_end"] = marks["steady_start"] + hold
                 await trio.sleep_until(trio.current_time() + 5.0 + hold)
                 pools_steady.extend(_pool_figures(backend.statistics()))
+                window = [x for x in samples if x[0] >= marks["steady_start"]]
+                if len(window) >= 2:  # printed now: a run stopped later keeps this figure
+                    span = window[-1][0] - window[0][0]
+                    print(
+                        f"    (steady state: client {(window[-1][1] - window[0][1]) / span:.1%}, "
+                        f"server {(window[-1][2] - window[0][2]) / span:.1%} of a core over "
+                        f"{span:.0f} s, {len(spawned)} running, ramp "
+                        f"{max(spawned) - t0:.0f} s, RSS {_rss_mb():.0f} MB; {_uptime()})",
+                        flush=True,
+                    )
                 marks["first_end"] = time.monotonic() + 1.0
                 await query(f"reschedule {marks['first_end']!r} {spread!r}")
                 ending.set()
