@@ -454,8 +454,9 @@ class _WaitClock:
 
     async def exec(self, cmd: str, **kw: Any) -> Any:
         result = await self._sb.exec(cmd, **kw)
-        if "trio-swe-launcher" in cmd:
-            self._on_spawned()
+        if "trio-swe-launcher" in cmd and self._on_spawned is not None:
+            on_spawned, self._on_spawned = self._on_spawned, None  # once (a replayed spawn)
+            on_spawned()
         if "flock -s -w" in cmd and " done " in result.output:
             tag = cmd.split("cd ", 1)[1].split(" ", 1)[0].rsplit("/", 1)[-1]
             self._seen.setdefault(tag, time.monotonic())
