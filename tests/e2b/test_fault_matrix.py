@@ -195,7 +195,11 @@ async def run_matrix(
                     await quiet.wait()
                     logs[k] = await sb.read_file("/tmp/effects")
                     await wait_cleanups(sb)  # calls remove their files after returning
-                    left = await sb.exec("ls -A /tmp/.trio_swe 2>/dev/null; true", cwd="/")
+                    # Every path left, so that a failure says what was left (a call's whole
+                    # directory, or one file a late request wrote).
+                    left = await sb.exec(
+                        "cd /tmp/.trio_swe 2>/dev/null && find . -mindepth 1 | sort; true", cwd="/"
+                    )
                     leftovers[k] = left.output.strip()
 
             ready: list[int] = []

@@ -542,6 +542,43 @@ async def test_pending_cleanups_never_outlive_or_delay_the_sandbox(
         assert proxy.calls.count("exec") == 3 * 2 + 2, proxy.calls
 
 
+class FailingCleanupSandbox(ProxySandbox):
+    """Refuses the first ``failures`` directory removals (a sandbox that was sick for a while)."""
+
+    def __init__(self, sb: Sandbox, failures: int) -> None:
+        super().__init__(sb)
+        self.failures = failures
+        self.refused = trio.Event()
+
+    async def exec(self, cmd: str, **kw: Any) -> ExecResult:
+        if cmd.startswith("rm -rf -- ") and self.failures > 0:
+            self.failures -= 1
+            self.refused.set()
+            return ExecResult(exit_code=1, output="rm: cannot remove: Device or resource busy")
+        return await super().exec(cmd, **kw)
+
+
+async def test_a_failed_cleanup_stays_pending(backend: Backend, image: Path) -> None:
+    """A removal that failed in the background is run again by the tag's next call (so the tag
+    is not left "in use" for the rest of the sandbox's life) and by ``wait_cleanups``."""
+    with trio.fail_after(120):  # a hang guard only
+        async with sandbox(backend, image) as sb:
+            proxy = FailingCleanupSandbox(sb, failures=1)
+            r = await exec_and_wait(proxy, "echo 1", time_budget_sec=60, tag="sick")  # type: ignore[arg-type]
+            assert r.ok
+            await proxy.refused.wait()  # the background removal failed
+            r = await exec_and_wait(proxy, "echo 2", time_budget_sec=60, tag="sick")  # type: ignore[arg-type]
+            assert r.ok
+            assert await leftover_dirs(sb, ["sick"]) == []
+
+            proxy = FailingCleanupSandbox(sb, failures=1)
+            r = await exec_and_wait(proxy, "echo 3", time_budget_sec=60, tag="sick2")  # type: ignore[arg-type]
+            assert r.ok
+            await proxy.refused.wait()
+            await wait_cleanups(proxy)  # type: ignore[arg-type]
+            assert await leftover_dirs(sb, ["sick2"]) == []
+
+
 async def test_background_children_do_not_delay_the_result(backend: Backend, image: Path) -> None:
     """Daemons a command leaves behind on success keep running (services), and neither they nor
     their hold on the output file keep the caller waiting."""

@@ -156,69 +156,98 @@ async def wait_cleanups(sb: Sandbox) -> None:
 
     A call returns before its directory is removed (that RPC runs as a background task of the
     sandbox, shortly after); closing the sandbox makes pending removals moot. This runs those still
-    pending now and waits for them, for callers that need the sandbox's ``/tmp`` clean while it
-    lives (tests do). Removal is best effort: a sandbox that fails leaves them to its kill.
+    pending now (one that failed before is tried once more) and waits for them, for callers that
+    need the sandbox's ``/tmp`` clean while it lives (tests do). Removal is best effort: one that
+    fails again stays pending, and the sandbox's kill removes its files.
     """
     await _Cleanups.of(sb).settle(None)
 
 
+class _Removal:
+    """One directory's pending removal. ``now`` asks its next attempt to run at once; ``done``
+    is set when that attempt has ended (then both are renewed if it failed)."""
+
+    __slots__ = ("done", "now")
+
+    def __init__(self) -> None:
+        self.now = trio.Event()
+        self.done = trio.Event()
+
+    def failed(self) -> None:
+        """The attempt failed: tell its waiters, and wait to be asked again."""
+        ended = self.done
+        self.now, self.done = trio.Event(), trio.Event()
+        ended.set()
+
+
 class _Cleanups:
     """The deferred directory removals of one sandbox, by sandbox id (so wrappers of a sandbox
-    share them). An entry lives while removals are pending, no longer."""
+    share them). An entry lives while removals are pending, no longer.
+
+    A removal that fails (the sandbox unreachable past ``KILL_TIMEOUT_SEC``, ``rm`` refused)
+    stays pending, parked in the sandbox's nursery: :func:`wait_cleanups` and the tag's next
+    call run it again, and the sandbox's close ends it (its kill removes the files). Without
+    that, a single failure left the tag "in use" for the sandbox's whole life."""
 
     _by_sandbox: dict[str, _Cleanups] = {}
 
     def __init__(self, sandbox_id: str) -> None:
         self.sandbox_id = sandbox_id
-        # directory -> (ask it to run now, it is done)
-        self.pending: dict[str, tuple[trio.Event, trio.Event]] = {}
+        self.pending: dict[str, _Removal] = {}
 
     @classmethod
     def of(cls, sb: Sandbox) -> _Cleanups:
         table = cls._by_sandbox.get(sb.id)
         return table if table is not None else cls(sb.id)
 
-    def defer(self, sb: Sandbox, directory: str, remove: Callable[[], Awaitable[None]]) -> None:
-        """Run ``remove`` in the background after ``CLEANUP_DELAY_SEC`` (or when asked).
+    def defer(self, sb: Sandbox, directory: str, remove: Callable[[], Awaitable[bool]]) -> None:
+        """Run ``remove`` in the background after ``CLEANUP_DELAY_SEC`` (or when asked); run it
+        again when asked while it returns False.
 
         Not shielded: the sandbox closing cancels it, and its kill removes the files anyway.
         """
         if directory in self.pending:
             return  # already scheduled (a replayed finish): one removal suffices
-        now, done = trio.Event(), trio.Event()
+        removal = _Removal()
 
         async def task() -> None:
             try:
                 with trio.move_on_after(CLEANUP_DELAY_SEC):
-                    await now.wait()
-                # The sandbox closing cancels this task: then no RPC may begin (a backend may
-                # shield the start of an exec), the kill makes it moot.
-                await trio.lowlevel.checkpoint_if_cancelled()
-                await remove()
+                    await removal.now.wait()
+                while True:
+                    # The sandbox closing cancels this task: then no RPC may begin (a backend
+                    # may shield the start of an exec), the kill makes it moot.
+                    await trio.lowlevel.checkpoint_if_cancelled()
+                    if await remove():
+                        return
+                    removal.failed()
+                    await removal.now.wait()
             finally:
-                self._forget(directory, done)
+                self._forget(directory, removal)
 
-        self.pending[directory] = (now, done)
+        self.pending[directory] = removal
         self._by_sandbox[self.sandbox_id] = self
         try:
             sb.start_background(task)
         except SandboxNotRunningError:  # the sandbox is closing: its kill takes the files
-            self._forget(directory, done)
+            self._forget(directory, removal)
 
-    def _forget(self, directory: str, done: trio.Event) -> None:
-        if self.pending.get(directory, (None, done))[1] is done:
+    def _forget(self, directory: str, removal: _Removal) -> None:
+        if self.pending.get(directory) is removal:
             del self.pending[directory]
         if not self.pending and self._by_sandbox.get(self.sandbox_id) is self:
             del self._by_sandbox[self.sandbox_id]
-        done.set()
+        removal.done.set()
 
     async def settle(self, directory: str | None) -> None:
-        """Run the pending removal of ``directory`` (every one when None) now and wait for it."""
+        """Run the pending removal of ``directory`` (every one when None) now, or once more if
+        it failed before, and wait for that attempt."""
         if directory is not None:
-            entry = self.pending.get(directory)
-            waits = [entry] if entry is not None else []
+            removal = self.pending.get(directory)
+            removals = [removal] if removal is not None else []
         else:
-            waits = list(self.pending.values())
+            removals = list(self.pending.values())
+        waits = [(r.now, r.done) for r in removals]
         for now, _ in waits:
             now.set()
         for _, done in waits:
@@ -445,11 +474,12 @@ class _Call:
         """Remove the call's directory after the call has returned (see :class:`_Cleanups`)."""
         _Cleanups.of(self.sb).defer(self.sb, self.plan.dir, self._cleanup)
 
-    async def _cleanup(self) -> None:
-        """Remove the call's directory; bounded, best-effort (the result is known)."""
+    async def _cleanup(self) -> bool:
+        """Remove the call's directory; bounded. True once it is gone (the result is known
+        either way: a failure only leaves the removal pending)."""
         with trio.move_on_after(KILL_TIMEOUT_SEC):
             try:
-                await self._persist(
+                result = await self._persist(
                     lambda: self.sb.exec(
                         cleanup_script(self.plan),
                         user=self.plan.user,
@@ -459,10 +489,12 @@ class _Call:
                     )
                 )
             except Exception:
-                # Best effort, in the background: nothing may escape into the sandbox's block. A sandbox
+                # In the background: nothing may escape into the sandbox's block. A sandbox
                 # being killed under the RPC refuses it in backend-specific ways (a cwd gone...),
                 # and its kill removes the directory anyway.
-                pass
+                return False
+            return result.ok
+        return False
 
     async def _persist(self, rpc: Callable[[], Awaitable[T]]) -> T:
         """Run a replay-safe RPC until it answers, however many attempts that takes.
