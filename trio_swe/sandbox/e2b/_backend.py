@@ -110,8 +110,8 @@ class E2BBackend(trio.abc.AsyncResource):
         seed: seeds the backoff jitter (tests).
         http_client: envd's HTTP/2 client: ``"h2"`` (the purpose-built client of
             :mod:`._h2conn`, for ``https://`` and h2c origins) or ``"httpx"`` (default: the
-            ``TRIO_SWE_E2B_HTTP_CLIENT`` variable, else ``"httpx"``). The REST API always uses
-            httpx.
+            ``TRIO_SWE_E2B_HTTP_CLIENT`` variable, else ``"h2"``). The REST API always uses
+            httpx, and so does envd on a plain ``http://`` origin without h2c.
         images: which template each row boots (the image-mapping hook ``image_for``): instance
             id -> template, or a function of the instance metadata returning one (None: the
             row's own image, which must then be a template name or id).
@@ -160,9 +160,9 @@ class E2BBackend(trio.abc.AsyncResource):
             verify = ssl.create_default_context(cafile=verify)
         self._verify: ssl.SSLContext | bool = verify
         self._h2c = h2c
-        # httpx stays the default until the h2 client has passed the fault suites repeatedly
-        # on a quiet machine (docs/e2b.md, "The HTTP/2 client for envd").
-        client = http_client or os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT") or "httpx"
+        # envd goes over the purpose-built HTTP/2 client unless told otherwise; httpx stays
+        # for the REST API and plain http:// (docs/e2b.md, "The HTTP/2 client for envd").
+        client = http_client or os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT") or "h2"
         if client not in ("h2", "httpx"):
             raise ConfigError(f"http_client must be 'h2' or 'httpx', got {client!r}")
         self._http_client = client
