@@ -73,6 +73,7 @@ def _run_script(
     *,
     inline: bool = True,
     expect_head: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> str:
     data = patch.encode() if isinstance(patch, str) else patch
     paths = b"".join(p.encode("utf-8", "surrogateescape") + b"\0" for p in touched_paths(data))
@@ -87,7 +88,7 @@ def _run_script(
         paths=paths if inline else None,
         expect_head=expect_head,
     )
-    done = subprocess.run(["bash", "-c", script], capture_output=True, check=False)
+    done = subprocess.run(["bash", "-c", script], capture_output=True, check=False, env=env)
     out = done.stdout.decode(errors="replace")
     # The exit status says what the verdict says: 0 after `ok`, NOT_APPLIED_STATUS otherwise
     # (graders gate the tests on it).
@@ -348,3 +349,73 @@ def test_a_workdir_without_commits_is_not_checked(tmp_path: Path) -> None:
     out = _run_script(repo, "", tmp_path, expect_head="0" * 40)
     assert (parse_head(out), wrong_head(out), parse_verdict(out)) == ("", False, (True, "empty"))
     assert parse_head("@@TRIO_SWE_APPLY ok empty\n") is None  # not asked for
+
+
+def _git_logging(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """An environment whose ``git`` logs its arguments (one line per call) and runs git."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    log = tmp_path / "git.calls"
+    real = subprocess.run(["bash", "-c", "command -v git"], capture_output=True, text=True)
+    wrapper = bin_dir / "git"
+    wrapper.write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real.stdout.strip()} "$@"\n')
+    wrapper.chmod(0o755)
+    return {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}, log
+
+
+def _rev_parse_calls(log: Path) -> int:
+    return sum("rev-parse" in line for line in log.read_text().splitlines()) if log.exists() else 0
+
+
+@pytest.mark.parametrize("layout", ["branch", "detached"])
+def test_the_head_check_reads_a_plain_head_without_git(tmp_path: Path, layout: str) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    patch = _diff_of(repo, {"f.txt": LINES.replace("15\n", "fifteen\n")})
+    head = _head(repo)
+    if layout == "detached":
+        git(repo, "checkout", "-q", "--detach", head)
+    env, log = _git_logging(tmp_path)
+    out = _run_script(repo, patch, tmp_path, expect_head=head, env=env)
+    assert (parse_head(out), wrong_head(out), parse_verdict(out)) == (
+        head,
+        False,
+        (True, "git_apply"),
+    )
+    assert _rev_parse_calls(log) == 0, log.read_text()
+    # The same read refuses another commit.
+    git(repo, "checkout", "-q", "--", "f.txt")
+    out = _run_script(repo, patch, tmp_path, expect_head="0" * 40, env=env)
+    assert (parse_head(out), wrong_head(out)) == (head, True)
+
+
+@pytest.mark.parametrize("layout", ["packed", "worktree", "git_dir", "symref", "not_hex"])
+def test_the_head_check_asks_git_for_anything_else(tmp_path: Path, layout: str) -> None:
+    repo = _repo(tmp_path, {"f.txt": LINES})
+    patch = _diff_of(repo, {"f.txt": LINES.replace("15\n", "fifteen\n")})
+    head = _head(repo)
+    env, log = _git_logging(tmp_path)
+    workdir = repo
+    if layout == "packed":
+        git(repo, "pack-refs", "--all")
+        assert not (repo / ".git" / "refs" / "heads" / "main").exists()
+    elif layout == "worktree":  # .git is a file
+        workdir = tmp_path / "wt"
+        git(repo, "worktree", "add", "-q", "--detach", str(workdir), head)
+    elif layout == "git_dir":  # the repository is named by the environment, not found in cwd
+        workdir = tmp_path / "plain"
+        workdir.mkdir()
+        (workdir / "f.txt").write_text(LINES)
+        env = {**env, "GIT_DIR": str(repo / ".git"), "GIT_WORK_TREE": str(workdir)}
+    elif layout == "symref":  # HEAD -> refs/heads/alias, itself a symbolic ref to main
+        git(repo, "symbolic-ref", "refs/heads/alias", "refs/heads/main")
+        git(repo, "symbolic-ref", "HEAD", "refs/heads/alias")
+    elif layout == "not_hex":  # a loose ref file that is no commit id: git decides
+        git(repo, "branch", "-q", "other")
+        (repo / ".git" / "refs" / "heads" / "other").write_text("nonsense\n")
+        git(repo, "symbolic-ref", "HEAD", "refs/heads/main")
+        (repo / ".git" / "HEAD").write_text("ref: refs/heads/other\n")
+    out = _run_script(workdir, patch, tmp_path, expect_head=head, env=env)
+    want = "" if layout == "not_hex" else head  # git cannot resolve it either: not checked
+    assert (parse_head(out), wrong_head(out)) == (want, False), out
+    assert parse_verdict(out) == (True, "git_apply")
+    assert _rev_parse_calls(log) == 1, log.read_text()

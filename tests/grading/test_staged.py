@@ -34,8 +34,8 @@ M = f"{STAGE} {N}"
 def test_a_whole_output_reads_stage_by_stage() -> None:
     out = (
         f"{M} apply\n@@TRIO_SWE_HEAD abc\n@@TRIO_SWE_APPLY ok git_apply\n\n"
-        f"{M} applied 0 7.00 100.25 7.20 100,5\n{M} tests 1 10.20 50.0 0 inline\nlog line\n"
-        f"{M} tests 0 1 1 0 inline\n"
+        f"{M} applied 0 7.00 100.25 7.20 100,5\n{M} tests 1 10.20 50.0 0 head\nlog line\n"
+        f"{M} tests 0 1 1 0 head\n"
     )
     st = read_stages(out, N)
     assert st.ladder_output == "@@TRIO_SWE_HEAD abc\n@@TRIO_SWE_APPLY ok git_apply\n"
@@ -44,7 +44,7 @@ def test_a_whole_output_reads_stage_by_stage() -> None:
     # ... the monotonic clock for the tests' budget (the wall clock stepped back meanwhile).
     assert st.tests_sec == pytest.approx(3.0)
     # The log is everything after the first tests line, stage-like lines included.
-    assert st.log == f"log line\n{M} tests 0 1 1 0 inline\n"
+    assert st.log == f"log line\n{M} tests 0 1 1 0 head\n"
     assert not st.tests_cut
     assert st.failed_write is None
 
@@ -76,7 +76,7 @@ def test_stage_lines_of_another_nonce_or_inside_a_line_are_not_stages() -> None:
         (f"{M} apply\n\n{M} applied 0 5 5 2 2\n", {"apply_sec": None}),  # clocks went back
         (f"{M} apply\n\n{M} applied 0 x 1 x 3\n", {"apply_sec": 2.0}),  # wall clock only
         (
-            f"{M} apply\n\n{M} applied 0 1 x 2 x\n{M} tests 0 x 9 0 inline\n",
+            f"{M} apply\n\n{M} applied 0 1 x 2 x\n{M} tests 0 x 9 0 head\n",
             {"apply_sec": 1.0, "tests_sec": None, "log": ""},
         ),
         (f"{M} apply\n\n{M} applied\n", {"ladder_status": None, "apply_sec": None}),
@@ -98,6 +98,24 @@ def test_partial_and_failed_outputs(out: str, expected: dict[str, Any]) -> None:
     st = read_stages(out, N)
     for name, value in expected.items():
         assert getattr(st, name) == value, name
+
+
+def test_a_log_comes_inline_only_when_its_head_is_all_of_it() -> None:
+    from trio_swe.grading._staged import INLINE_LOG_BYTES
+
+    def log_of(text: str) -> str | None:
+        return read_stages(
+            f"{M} apply\n\n{M} applied 0 1 1 2 2\n{M} tests 0 2 2 0 head\n{text}", N
+        ).log
+
+    whole = "x" * INLINE_LOG_BYTES
+    assert log_of(whole) == whole
+    assert log_of(whole + "x") is None  # head's extra byte: the file may be longer
+    # Undecodable bytes read as U+FFFD (3 bytes for 1): never taken for a shorter log.
+    cut = (b"x" * (INLINE_LOG_BYTES - 1) + b"\xff\xfe").decode("utf-8", "replace")
+    assert log_of(cut) is None
+    small = (b"ok \xff\n").decode("utf-8", "replace")
+    assert log_of(small) == small
 
 
 # -- the shell, run on the host ----------------------------------------------------------------

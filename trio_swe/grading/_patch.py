@@ -306,6 +306,28 @@ DIRNAME_FUNCTION: Final = (
 )
 
 
+#: Sets ``H`` to the checkout's commit, ``""`` when it has none. A plain ``.git`` directory's
+#: ``HEAD`` (a commit id: a detached checkout, as the local backend's ``path@commit`` images
+#: are; or ``ref: refs/heads/<name>`` with that branch's loose ref file) is read by bash
+#: itself, no process started; anything else (``GIT_DIR`` set, a ``.git`` file, packed or
+#: reftable refs, an unborn branch, a symref chain) asks ``git rev-parse``. Never laxer than
+#: ``rev-parse`` alone: both give the same commit id for a valid ``HEAD``, and where
+#: ``rev-parse`` fails (a ``HEAD`` naming a missing object) it gives ``""``, which no
+#: expected commit is refused for, while this gives the id, which must then match.
+READ_HEAD: Final = (
+    "H=; r=\n"
+    'if [ -z "${GIT_DIR:-}${GIT_COMMON_DIR:-}" ] && [ -d .git ]; then\n'
+    "  read -r H <.git/HEAD 2>/dev/null || H=\n"
+    '  case "$H" in "ref: refs/heads/"*) r=${H#ref: }; H=\n'
+    '    case "$r" in *..*) ;; *) [ -f ".git/$r" ] && read -r H <".git/$r" 2>/dev/null || H=;; esac;;\n'
+    "  esac\n"
+    '  case "$H" in *[!0-9a-f]*) H=;; esac\n'
+    "  case ${#H} in 40|64) ;; *) H=;; esac\n"
+    "fi\n"
+    '[ -n "$H" ] || H=$(g rev-parse --verify -q "HEAD^{commit}" 2>/dev/null) || H=""'
+)
+
+
 def apply_script(
     *,
     workdir: str,
@@ -363,7 +385,7 @@ def apply_script(
         # A base_commit that is no commit id (too short, not hex) matches no checkout.
         match = f'""|{want}*' if _HEX_COMMIT.fullmatch(want) else '""'
         lines += [
-            'H=$(g rev-parse --verify -q "HEAD^{commit}" 2>/dev/null) || H=""',
+            READ_HEAD,
             f'echo "{HEAD_MARK} $H"',
             f'case "$H" in {match}) ;; *) echo "{VERDICT} wrong_head"; exit {NOT_APPLIED_STATUS};; esac',
         ]

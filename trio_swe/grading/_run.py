@@ -45,7 +45,7 @@ from ._result import (
     EvalResult,
     log_tail,
 )
-from ._staged import read_stages, staged_command
+from ._staged import read_stages, staged_command, whole_log
 from ._types import InstanceMetadata
 
 #: Scratch directory of the grader inside the eval sandbox (outside the repository).
@@ -244,8 +244,8 @@ def _here_doc(text: str, path: str) -> str:
 
 def logged_command(script: str, *, script_path: str, log_path: str) -> str:
     """The command that writes ``script`` to ``script_path``, runs it with bash, stdout and
-    stderr merged in order into ``log_path``, then prints the log when it is at most
-    :data:`INLINE_LOG_BYTES` (see :func:`run_logged`). Its status is the script's.
+    stderr merged in order into ``log_path``, then prints the log's first
+    :data:`INLINE_LOG_BYTES` + 1 bytes (see :func:`run_logged`). Its status is the script's.
 
     The script travels in the command itself (a quoted here-document), one write fewer.
     """
@@ -256,9 +256,8 @@ def logged_command(script: str, *, script_path: str, log_path: str) -> str:
         + _here_doc(script, script_path)
         + f"bash {sp} > {lp} 2>&1\n"
         "s=$?\n"
-        f'if [ "$(wc -c < {lp})" -le {INLINE_LOG_BYTES} ]; then\n'
-        f"  echo {_LOG_HEADER} && cat -- {lp}\n"
-        "fi\n"
+        # The head, one byte past the inline size: run_logged tells a whole log from a cut one.
+        f"echo {_LOG_HEADER} && head -c {INLINE_LOG_BYTES + 1} -- {lp}\n"
         'exit "$s"\n'
     )
 
@@ -274,8 +273,8 @@ async def run_logged(
 ) -> tuple[ExecResult, str]:
     """Run ``script`` detached (:func:`logged_command`) and return its result and whole log.
 
-    A log that came back inline is the file's content; otherwise (larger, empty, or the
-    command overran its budget) the log is read from ``log_path``.
+    A log that came back whole (at most :data:`INLINE_LOG_BYTES`) is the file's content;
+    otherwise (larger, or the command overran its budget) the log is read from ``log_path``.
     """
     run = await run_long(
         sb,
@@ -286,7 +285,9 @@ async def run_logged(
     )
     head, sep, log = run.output.partition("\n")
     if run.reason == "exit" and sep and head == _LOG_HEADER:
-        return run, log
+        whole = whole_log(log, INLINE_LOG_BYTES)
+        if whole is not None:
+            return run, whole
     return run, await read_text(sb, log_path)
 
 

@@ -53,8 +53,9 @@ def staged_command(
     run ``budget_sec`` rounded up to whole seconds (no bound when not finite).
 
     Output: ``<mark> apply``, the ladder's output, ``<mark> applied <status> <u0> <e0> <u1>
-    <e1>``, then ``<mark> tests <status> <u2> <e2> <cut> inline|file`` (``cut``: 1 when the
-    watchdog killed the script) followed by the log when it is at most :data:`INLINE_LOG_BYTES`. ``u*``: the sandbox's monotonic clock (``/proc/uptime``,
+    <e1>``, then ``<mark> tests <status> <u2> <e2> <cut> head`` (``cut``: 1 when the
+    watchdog killed the script) followed by the log's first :data:`INLINE_LOG_BYTES` + 1
+    bytes (the whole log when it is at most that size). ``u*``: the sandbox's monotonic clock (``/proc/uptime``,
     10 ms steps), ``e*``: its wall clock (``$EPOCHREALTIME``, microseconds); ``x`` when there is
     none. A write that fails prints ``<mark> nodir``, ``nopatch`` or ``noscript`` and ends the
     command. The patch travels as ``printf '%b'`` escapes (any
@@ -113,9 +114,9 @@ def staged_command(
         parts.append(f"bash {sp} > {lp} 2>&1; s=$?; c=0")
     parts += [
         "now",
-        f'if [ "$(wc -c < {lp})" -le {INLINE_LOG_BYTES} ]; then '
-        f'echo "{mark} tests $s $T $c inline"; cat -- {lp}; '
-        f'else echo "{mark} tests $s $T $c file"; fi',
+        # One process: the log's head, one byte past the inline size, so that the reader can
+        # tell a whole log from a cut one (see read_stages) without asking for its size.
+        f'echo "{mark} tests $s $T $c head"; head -c {INLINE_LOG_BYTES + 1} -- {lp}',
         'exit "$s"',
     ]
     return "\n".join(parts) + "\n"
@@ -133,7 +134,8 @@ class Stages(msgspec.Struct, frozen=True, kw_only=True):
         tests_status: the graded script's exit status (None: no tests line or no number).
         tests_sec: the script's own time by the sandbox's monotonic clock, else its wall
             clock (None: unknown).
-        log: the log when it came inline (None: read it from its file).
+        log: the whole log when it came inline (None: it may be longer than what came, or
+            did not come: read it from its file).
         tests_ended: the tests line came (the script ended and the command outlived it).
         tests_cut: the watchdog killed the script: it outlived its budget.
     """
@@ -183,8 +185,19 @@ def read_stages(output: str, nonce: str) -> Stages:
         tests_status=_int(status),
         # Decides a timeout: the monotonic clock first (a wall clock may step).
         tests_sec=_first(_elapsed(u1, u2), _elapsed(e1, e2)),
-        log=output[end:] if where == "inline" else None,
+        log=whole_log(output[end:], INLINE_LOG_BYTES) if where == "head" else None,
     )
+
+
+def whole_log(head: str, limit: int) -> str | None:
+    """The log if ``head`` (what ``head -c <limit + 1>`` printed, decoded) is all of it.
+
+    A decoder that replaced undecodable bytes never made the text shorter in UTF-8 than the
+    bytes were (each replaced run of 1-3 bytes is one 3-byte U+FFFD, or 3-byte surrogates
+    per byte), so at most ``limit`` here means the bytes were at most that: ``head`` printed
+    the whole file. More may be a cut log (or one near the limit): None, read the file.
+    """
+    return head if len(head.encode("utf-8", "surrogatepass")) <= limit else None
 
 
 class _StageLines:

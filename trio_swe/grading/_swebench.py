@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import trio
 
+from .._errors import SandboxError
 from .._groups import open_private_nursery
 from ..sandbox import Backend
 from . import _result as R
@@ -29,6 +32,10 @@ from ._run import (
 )
 from ._types import InstanceMetadata, SweBenchGrading
 
+#: TestSpecs kept per protocol object (the most recently used): an episode checks its row
+#: before the agent runs (``evaluability_check``) and grades it later with the same metadata.
+SPEC_CACHE_SIZE: Final = 512
+
 
 class SweBenchProtocol:
     """Grades like the SWE-bench harness; needs the optional ``swebench`` package.
@@ -36,9 +43,27 @@ class SweBenchProtocol:
     The eval script comes from the row (swebench 5.x rows) or from swebench 4.x's builder
     (classic rows). It runs in a fresh sandbox after the patch ladder, with stdout and stderr
     merged in order into one log, which swebench's ``get_eval_report`` grades.
+
+    The ``TestSpec`` built for a row (by :meth:`evaluability_check` or a grading) is kept for
+    the next use of equal metadata (at most :data:`SPEC_CACHE_SIZE`): building depends on
+    nothing else, and swebench reads it only.
     """
 
     name = "swebench"
+
+    def __init__(self) -> None:
+        # instance id -> (the metadata it was built for, its TestSpec); checks run in threads.
+        self._specs: OrderedDict[str, tuple[InstanceMetadata, Any]] = OrderedDict()
+        self._specs_lock = threading.Lock()
+
+    def _cached_spec(self, md: InstanceMetadata) -> Any:
+        """The TestSpec built before for metadata equal to ``md``, or None."""
+        with self._specs_lock:
+            hit = self._specs.get(md.instance_id)
+            if hit is None or hit[0] != md:
+                return None
+            self._specs.move_to_end(md.instance_id)
+            return hit[1]
 
     def get_metadata(self, row: Mapping[str, Any]) -> InstanceMetadata:
         return swebench_metadata(row, self.name)
@@ -61,19 +86,26 @@ class SweBenchProtocol:
 
     def _check_and_spec(self, md: InstanceMetadata) -> tuple[str | None, Any]:
         """Why ``md`` cannot be graded (:meth:`evaluability_check`), else the ``TestSpec``."""
-        if md.mismatch:
-            return md.mismatch, None
-        g = md.grading
-        if not isinstance(g, SweBenchGrading):
-            return "protocol_row_mismatch:not_swebench_metadata", None
-        if not md.image:
-            return "missing_image", None
-        if not g.fail_to_pass and not g.pass_to_pass:
-            return "no_graded_tests", None  # vacuously RESOLVED_FULL for any patch
+        reason = _precheck(md)
+        if reason is not None:
+            return reason, None
+        return self._spec(md)
+
+    def _spec(self, md: InstanceMetadata) -> tuple[str | None, Any]:
+        """``md``'s TestSpec (cached, or built and cached), or why swebench cannot build it."""
+        spec = self._cached_spec(md)
+        if spec is not None:
+            return None, spec
         try:
-            return None, _swebench_api.build_test_spec(md)
+            spec = _swebench_api.build_test_spec(md)
         except _swebench_api.SpecBuildError as exc:
             return (f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason), None
+        with self._specs_lock:
+            self._specs[md.instance_id] = (md, spec)
+            self._specs.move_to_end(md.instance_id)
+            while len(self._specs) > SPEC_CACHE_SIZE:
+                self._specs.popitem(last=False)
+        return None, spec
 
     async def _evaluate(
         self,
@@ -83,66 +115,82 @@ class SweBenchProtocol:
         timeout_sec: float,
         phases: Phases,
     ) -> EvalResult:
-        # The first check imports swebench (about a second): keep it off the event loop.
-        with phases.phase("spec"):
-            reason, spec = await trio.to_thread.run_sync(self._check_and_spec, md)
+        reason = _precheck(md)
         if reason is not None:
-            return make_result(
-                md, phases, reason=R.UNEVALUABLE, grader="swebench", infra=True, detail=reason
-            )
-        script: str = spec.eval_script
+            return _unevaluable(md, phases, reason)
         g = md.grading
         base = g.base_commit.strip().lower() if isinstance(g, SweBenchGrading) else ""
         graded = _Graded()
         # The log is graded in a thread while the sandbox is being killed (the kill is the
         # sandbox context's exit): the nursery waits for both.
         art = current_artifacts()
+        # Usually built already (evaluability_check). If not, it is built in a thread (the
+        # first build imports swebench, about a second) while the sandbox boots; a row it
+        # cannot build for is unevaluable as before, only its sandbox booted for nothing.
+        built = _Built(self._cached_spec(md))
         # A private nursery: the sandbox's errors (a failed boot, SandboxError) come out as
         # themselves, not in an exception group.
         async with open_private_nursery("grading the log") as nursery:
-            async with open_eval_sandbox(backend, md, phases) as sb:
-                # The ladder and the eval script are one command: the script runs only once
-                # the ladder applied the patch. The checkout must be the row's base_commit
-                # (checked before any rung): the eval script resets only the test files to
-                # it, so on another commit a gold patch may not apply and an empty one pass.
-                t_run = time.monotonic()
-                staged = await apply_then_run(
-                    sb,
-                    md,
-                    patch,
-                    script,
-                    expect_head=base or None,
-                    script_path=f"{EVAL_DIR}/eval.sh",
-                    log_path=f"{EVAL_DIR}/eval.log",
-                    budget_sec=timeout_sec,
-                    env=PLAIN_ENV,
-                )
-                outcome, run, log = staged.outcome, staged.run, staged.log
-                took = time.monotonic() - t_run
-                if run is None:  # the ladder alone ran
-                    phases.durations["apply"] = took
-                else:  # the ladder's own share, as the sandbox timed it; the rest is the tests'
-                    phases.durations["apply"] = share = staged.apply_sec or 0.0
-                    phases.durations["tests"] = took - share
-                if outcome.wrong_head:
-                    return make_result(
+            if built.spec is None:
+                nursery.start_soon(built.run, phases, self._spec, md)
+            else:
+                phases.durations["spec"] = 0.0
+            try:
+                async with open_eval_sandbox(backend, md, phases) as sb:
+                    await built.done.wait()
+                    if built.reason is not None:
+                        return _unevaluable(md, phases, built.reason)
+                    spec = built.spec
+                    script: str = spec.eval_script
+                    # The ladder and the eval script are one command: the script runs only once
+                    # the ladder applied the patch. The checkout must be the row's base_commit
+                    # (checked before any rung): the eval script resets only the test files to
+                    # it, so on another commit a gold patch may not apply and an empty one pass.
+                    t_run = time.monotonic()
+                    staged = await apply_then_run(
+                        sb,
                         md,
-                        phases,
-                        reason=R.UNEVALUABLE,
-                        grader="swebench",
-                        infra=True,
-                        detail=(
-                            f"base_commit_mismatch:the eval sandbox's {md.workdir} checks out "
-                            f"{outcome.head}, the row's base_commit is {base}"
-                        ),
+                        patch,
+                        script,
+                        expect_head=base or None,
+                        script_path=f"{EVAL_DIR}/eval.sh",
+                        log_path=f"{EVAL_DIR}/eval.log",
+                        budget_sec=timeout_sec,
+                        env=PLAIN_ENV,
                     )
-                if not outcome.applied or run is None:
-                    return not_applied_result(md, phases, outcome, grader="swebench")
-                if art is not None:
-                    art.eval_script = script
-                if run.reason != "time_budget":
-                    nursery.start_soon(graded.run, phases, spec, md.instance_id, patch, log)
-                t_kill = time.monotonic()
+                    outcome, run, log = staged.outcome, staged.run, staged.log
+                    took = time.monotonic() - t_run
+                    if run is None:  # the ladder alone ran
+                        phases.durations["apply"] = took
+                    else:  # the ladder's own share, as the sandbox timed it; the rest is the tests'
+                        phases.durations["apply"] = share = staged.apply_sec or 0.0
+                        phases.durations["tests"] = took - share
+                    if outcome.wrong_head:
+                        return make_result(
+                            md,
+                            phases,
+                            reason=R.UNEVALUABLE,
+                            grader="swebench",
+                            infra=True,
+                            detail=(
+                                f"base_commit_mismatch:the eval sandbox's {md.workdir} checks out "
+                                f"{outcome.head}, the row's base_commit is {base}"
+                            ),
+                        )
+                    if not outcome.applied or run is None:
+                        return not_applied_result(md, phases, outcome, grader="swebench")
+                    if art is not None:
+                        art.eval_script = script
+                    if run.reason != "time_budget":
+                        nursery.start_soon(graded.run, phases, spec, md.instance_id, patch, log)
+                    t_kill = time.monotonic()
+            except SandboxError:
+                # A failed boot of a row swebench cannot build for: unevaluable, as if it had
+                # been built first (and nothing booted).
+                await built.done.wait()
+                if built.reason is not None:
+                    return _unevaluable(md, phases, built.reason)
+                raise
             phases.durations["kill"] = time.monotonic() - t_kill
         if art is not None:
             art.test_output = log
@@ -198,6 +246,44 @@ class SweBenchProtocol:
             ),
             **common,
         )
+
+
+def _precheck(md: InstanceMetadata) -> str | None:
+    """Why ``md`` cannot be graded, found without swebench (no TestSpec built), or None."""
+    if md.mismatch:
+        return md.mismatch
+    g = md.grading
+    if not isinstance(g, SweBenchGrading):
+        return "protocol_row_mismatch:not_swebench_metadata"
+    if not md.image:
+        return "missing_image"
+    if not g.fail_to_pass and not g.pass_to_pass:
+        return "no_graded_tests"  # vacuously RESOLVED_FULL for any patch
+    return None
+
+
+def _unevaluable(md: InstanceMetadata, phases: Phases, reason: str) -> EvalResult:
+    return make_result(
+        md, phases, reason=R.UNEVALUABLE, grader="swebench", infra=True, detail=reason
+    )
+
+
+class _Built:
+    """The TestSpec for a grading: given (cached), or built in a thread (``done`` then)."""
+
+    def __init__(self, spec: Any) -> None:
+        self.spec = spec
+        self.reason: str | None = None
+        self.done = trio.Event()
+        if spec is not None:
+            self.done.set()
+
+    async def run(self, phases: Phases, build: Any, md: InstanceMetadata) -> None:
+        try:
+            with phases.phase("spec"):
+                self.reason, self.spec = await trio.to_thread.run_sync(build, md)
+        finally:
+            self.done.set()
 
 
 class _Graded:

@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import trio
 
@@ -40,21 +40,49 @@ _REQUIRED_TOOLS = {
 }
 
 # Mounts the overlay in the private mount namespace made by `unshare`, then becomes bwrap.
-# Paths arrive as positional arguments, never spliced into the script.
+# Paths (and the extra options, ours) arrive as positional arguments, never spliced into the
+# script.
 _OVERLAY_THEN_EXEC = (
-    'mount -t overlay -o "lowerdir=$1,upperdir=$2,workdir=$3" overlay "$4" && shift 4 && exec "$@"'
+    'mount -t overlay -o "lowerdir=$1,upperdir=$2,workdir=$3$4" overlay "$5" '
+    '&& shift 5 && exec "$@"'
 )
+#: The overlay's extra mount option where the kernel has it (Linux 5.10+). Without it, every
+#: unmount of an overlay (each sandbox's kill: its mount namespace is torn down) runs
+#: ``sync_filesystem`` on the *upper layer's whole file system* (the host's disk under the
+#: state directory), so each kill waits for a sync of everything dirty there. A sandbox's
+#: upper layer is thrown away at its kill, so nothing in it needs to reach the disk; the price
+#: is that ``fsync`` inside the sandbox does not sync either (nothing outlives the sandbox).
+OVERLAY_VOLATILE: Final = ",volatile"
 
 
 def _overlay_argv(
-    lower: str | Path, upper: str | Path, work: str | Path, merged: str | Path, argv: Sequence[str]
+    lower: str | Path,
+    upper: str | Path,
+    work: str | Path,
+    merged: str | Path,
+    argv: Sequence[str],
+    *,
+    options: str = "",
 ) -> list[str]:
     """``argv`` run in a private mount namespace (``unshare``) once overlayfs is mounted at
-    ``merged`` (``lower``: one directory, or several joined by ``:``, top first). The probe
-    and both boots (a directory tree, an OCI image) start their overlay this one way."""
+    ``merged`` (``lower``: one directory, or several joined by ``:``, top first; ``options``:
+    more mount options, each led by a comma, e.g. :data:`OVERLAY_VOLATILE`). The probe and
+    both boots (a directory tree, an OCI image) start their overlay this one way."""
+    if options and not options.startswith(","):
+        raise ValueError(f"overlay options must start with ',': {options!r}")
     unshare = ["unshare", "--mount", "--propagation", "private", "--"]
-    paths = [str(p) for p in (lower, upper, work, merged)]
-    return [*unshare, "sh", "-c", _OVERLAY_THEN_EXEC, "overlay", *paths, *argv]
+    paths = [str(p) for p in (lower, upper, work)]
+    return [
+        *unshare,
+        "sh",
+        "-c",
+        _OVERLAY_THEN_EXEC,
+        "overlay",
+        *paths,
+        options,
+        str(merged),
+        *argv,
+    ]
 
 
 # Host directories every sandbox gets a private, writable copy of (empty at boot): the host's
@@ -215,6 +243,7 @@ class LocalBackend(trio.abc.AsyncResource):
             plain_http=plain_http_registries,
         )
         self._overlay_ok: bool | None = None
+        self._overlay_options = ""  # OVERLAY_VOLATILE once the probe found the kernel has it
         self._counter = itertools.count()
         self._live: set[LocalSandbox] = set()
         self._stats: dict[str, Any] = {"created": 0, "killed": 0, "boot_failures": 0}
@@ -263,26 +292,39 @@ class LocalBackend(trio.abc.AsyncResource):
         self._checked = True
 
     async def _probe_overlay(self) -> bool:
-        """Can this process mount overlayfs in a private mount namespace? Asked once."""
+        """Can this process mount overlayfs in a private mount namespace, and with
+        :data:`OVERLAY_VOLATILE`? Asked once."""
         if self._overlay_ok is not None:
             return self._overlay_ok
+        for options in (OVERLAY_VOLATILE, ""):
+            if await self._try_overlay(options):
+                self._overlay_ok, self._overlay_options = True, options
+                return True
+        self._overlay_ok = False
+        return False
+
+    async def _try_overlay(self, options: str) -> bool:
         probe = Path(tempfile.mkdtemp(prefix="probe-", dir=self._root))
         try:
             for sub in ("lower", "upper", "work", "merged"):
                 (probe / sub).mkdir()
             result = await trio.run_process(
                 _overlay_argv(
-                    probe / "lower", probe / "upper", probe / "work", probe / "merged", ["true"]
+                    probe / "lower",
+                    probe / "upper",
+                    probe / "work",
+                    probe / "merged",
+                    ["true"],
+                    options=options,
                 ),
                 capture_stdout=True,
                 capture_stderr=True,
                 check=False,
             )
-            self._overlay_ok = result.returncode == 0
+            return result.returncode == 0
         finally:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(shutil.rmtree, probe, True)
-        return self._overlay_ok
 
     def _sweep_stale(self) -> None:
         """Remove state left by processes that died without cleaning up (e.g. SIGKILLed)."""
@@ -476,7 +518,12 @@ class LocalBackend(trio.abc.AsyncResource):
         }
         if use_overlay:
             argv = _overlay_argv(
-                state / "lower", state / "upper", state / "work", state / "merged", bwrap
+                state / "lower",
+                state / "upper",
+                state / "work",
+                state / "merged",
+                bwrap,
+                options=self._overlay_options,
             )
         else:
             argv = bwrap
@@ -538,7 +585,14 @@ class LocalBackend(trio.abc.AsyncResource):
             **self._env,
             **dict(spec.env),
         }
-        argv = _overlay_argv(":".join(names), state / "upper", state / "work", merged, bwrap)
+        argv = _overlay_argv(
+            ":".join(names),
+            state / "upper",
+            state / "work",
+            merged,
+            bwrap,
+            options=self._overlay_options,
+        )
         return argv, {"root": ROOT, agent.name: agent}, base_env
 
 
