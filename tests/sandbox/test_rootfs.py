@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from trio_swe.sandbox.local._rootfs import plan_root_args
+import pytest
+
+from trio_swe.sandbox.local._rootfs import HostRootCache, mount_args, plan_root_args
 
 TREE = {
     "/": ["bin", "etc", "home", "opt", "proc", "tmp", "usr"],
@@ -75,3 +77,75 @@ def test_nested_mounts_are_applied_shallow_first() -> None:
     order = [t[-1] for t in got]
     assert order.index("/opt/conda") < order.index("/opt/conda/bin/activate")
     assert ("--ro-bind", "/opt/tool", "/opt/tool") in got
+
+
+# -- HostRootCache: the plan reused while the host tree is unchanged --------------------------
+
+
+class _Host:
+    """A fake host tree's lstat (mode, ino, dev, mtime) per path, and a clock."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.state: dict[str, tuple[int, int, int, int]] = {
+            p: (0o40755, i, 1, 10 * 10**9) for i, p in enumerate(["/", "/home", "/etc"])
+        }
+        self.listings = 0
+
+    def plan(self, targets: object) -> list[str]:
+        self.listings += 1
+        return ["--ro-bind", "/etc", "/etc", f"listing-{self.listings}"]
+
+    def cache(self) -> HostRootCache:
+        return HostRootCache(
+            state=self.state.get, now=lambda: self.now, plan=self.plan, settle_sec=1.0
+        )
+
+
+def test_the_host_root_is_planned_once_while_unchanged() -> None:
+    host = _Host()
+    cache = host.cache()
+    targets = ["/home/agent", "/etc/passwd"]
+    first = cache.host_args(targets)
+    assert cache.host_args(reversed(targets)) == first
+    assert host.listings == 1
+    first.append("mutated")  # callers get their own list
+    assert cache.host_args(targets) == ["--ro-bind", "/etc", "/etc", "listing-1"]
+    # Another set of targets is planned on its own.
+    cache.host_args(["/testbed"])
+    assert host.listings == 2
+
+
+@pytest.mark.parametrize("change", ["listing", "kind", "target_appears", "ancestor_replaced"])
+def test_a_change_of_the_host_tree_plans_again(change: str) -> None:
+    host = _Host()
+    cache = host.cache()
+    targets = ["/home/agent"]
+    cache.host_args(targets)
+    if change == "listing":  # an entry added in /home
+        host.state["/home"] = (0o40755, 1, 1, 50 * 10**9)
+    elif change == "kind":
+        host.state["/home"] = (0o120777, 1, 1, 10 * 10**9)  # now a symlink
+    elif change == "target_appears":
+        host.state["/home/agent"] = (0o40755, 7, 1, 10 * 10**9)
+    elif change == "ancestor_replaced":
+        host.state["/home"] = (0o40755, 99, 1, 10 * 10**9)  # another inode
+    assert cache.host_args(targets)[-1] == "listing-2"
+    assert cache.host_args(targets)[-1] == "listing-2"  # and that plan is kept
+
+
+def test_a_plan_of_a_recently_changed_tree_is_not_kept() -> None:
+    host = _Host()
+    host.state["/home"] = (0o40755, 1, 1, int(99.5 * 10**9))  # half a second ago
+    cache = host.cache()
+    assert cache.host_args(["/home/agent"])[-1] == "listing-1"
+    assert cache.host_args(["/home/agent"])[-1] == "listing-2"  # not trusted yet
+    host.now = 101.0  # settled
+    assert cache.host_args(["/home/agent"])[-1] == "listing-3"
+    assert cache.host_args(["/home/agent"])[-1] == "listing-3"
+
+
+def test_the_real_tree_plans_as_plan_root_args() -> None:
+    mounts = {"/testbed": ("bind", "/s/ws"), "/etc/passwd": ("ro-bind", "/s/passwd")}
+    cache = HostRootCache()
+    assert cache.host_args(mounts) + mount_args(mounts) == plan_root_args(mounts)

@@ -25,10 +25,10 @@ from ..oci import OciImage, OciStore, OciStoreStatistics, is_oci_image
 from ..oci._manifest import env_mapping
 from ..oci._unpack import read_file_in
 from ._image import ImageCache, check_local_image, commit_mismatch
-from ._rootfs import plan_root_args, workdir_problem
+from ._rootfs import HostRootCache, PathState, lstat_state, mount_args, workdir_problem
 from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
 from ._trash import Trash, owner_gone
-from ._users import ROOT, group_with, passwd_with, pick_agent_user
+from ._users import ROOT, SandboxUser, group_with, passwd_with, pick_agent_user
 
 WorkspaceMode = Literal["auto", "overlay", "copy"]
 
@@ -243,6 +243,9 @@ class LocalBackend(trio.abc.AsyncResource):
             plain_http=plain_http_registries,
         )
         self._overlay_ok: bool | None = None
+        # The host root's plan and passwd/group, reused while the host's files are unchanged.
+        self._host_root = HostRootCache()
+        self._users: tuple[tuple[PathState, PathState], tuple[SandboxUser, str, str]] | None = None
         self._overlay_options = ""  # OVERLAY_VOLATILE once the probe found the kernel has it
         self._counter = itertools.count()
         self._live: set[LocalSandbox] = set()
@@ -382,10 +385,15 @@ class LocalBackend(trio.abc.AsyncResource):
                 argv, users, base_env = await trio.to_thread.run_sync(
                     self._prepare_oci, state, oci, workdir, spec
                 )
-            else:
+            elif use_overlay:
+                # A few mkdirs and two small writes (the plan and passwd are cached): cheaper
+                # here than a thread hop there and back.
+                assert lower is not None
+                argv, users, base_env = self._prepare(state, lower, workdir, spec, True)
+            else:  # copies the whole tree
                 assert lower is not None
                 argv, users, base_env = await trio.to_thread.run_sync(
-                    self._prepare, state, lower, workdir, spec, use_overlay
+                    self._prepare, state, lower, workdir, spec, False
                 )
             info_r, info_w = os.pipe()
             argv = [str(info_w) if a == "{INFO_FD}" else a for a in argv]
@@ -444,14 +452,33 @@ class LocalBackend(trio.abc.AsyncResource):
             self._live.discard(sandbox)
             self._stats["killed"] += 1
 
+    def _host_users(self) -> tuple[SandboxUser, str, str]:
+        """``agent`` and the sandbox's passwd and group texts, from the host's files (read
+        again only when their ``lstat`` changed)."""
+        t0 = time.time_ns()
+        seen = (lstat_state("/etc/passwd"), lstat_state("/etc/group"))
+        if self._users is not None and self._users[0] == seen:
+            return self._users[1]
+        host_passwd = Path("/etc/passwd").read_text()
+        agent = pick_agent_user(host_passwd)
+        users = (
+            agent,
+            passwd_with(host_passwd, agent),
+            group_with(Path("/etc/group").read_text(), agent),
+        )
+        # Kept once settled (see HostRootCache): an edit in the same mtime tick as this read
+        # would otherwise go unseen.
+        settled = all(st is None or st[3] < t0 - 1_000_000_000 for st in seen)
+        self._users = (seen, users) if settled else None
+        return users
+
     def _prepare(
         self, state: Path, lower: Path, workdir: str, spec: SandboxSpec, use_overlay: bool
     ) -> tuple[list[str], dict[str, Any], dict[str, str]]:
         """Lay out the sandbox's state directory and build the host command that boots it."""
-        host_passwd = Path("/etc/passwd").read_text()
-        agent = pick_agent_user(host_passwd)
-        (state / "passwd").write_text(passwd_with(host_passwd, agent))
-        (state / "group").write_text(group_with(Path("/etc/group").read_text(), agent))
+        agent, passwd, group = self._host_users()
+        (state / "passwd").write_text(passwd)
+        (state / "group").write_text(group)
         home = state / "home-agent"
         home.mkdir()
         os.chown(home, agent.uid, agent.gid)
@@ -487,7 +514,7 @@ class LocalBackend(trio.abc.AsyncResource):
                 mounts[path] = ("ro-bind", path)
         for target, host in self._ro_binds.items():
             mounts[target] = ("ro-bind", host)
-        bwrap = ["bwrap", *plan_root_args(mounts)]
+        bwrap = ["bwrap", *self._host_root.host_args(mounts), *mount_args(mounts)]
         bwrap += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
         if not spec.network:
             bwrap.append("--unshare-net")

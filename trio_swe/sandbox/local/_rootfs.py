@@ -13,8 +13,10 @@ extra bind.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePosixPath
+from typing import TypeAlias
 
 # Host paths never exposed as they are: bwrap gives the sandbox its own.
 _PRIVATE_TOP = frozenset({"proc", "dev", "tmp"})
@@ -71,10 +73,34 @@ def plan_root_args(
             ``"ro-bind"``. Later entries may live under earlier ones.
         listdir, is_symlink, readlink, is_dir, exists: file-system queries, injectable for tests.
     """
+    host = plan_host_root(
+        mounts,
+        listdir=listdir,
+        is_symlink=is_symlink,
+        readlink=readlink,
+        is_dir=is_dir,
+        exists=exists,
+    )
+    return host + mount_args(mounts)
+
+
+def plan_host_root(
+    targets: Iterable[str],
+    *,
+    listdir: Callable[[str], Iterable[str]] = os.listdir,
+    is_symlink: Callable[[str], bool] = os.path.islink,
+    readlink: Callable[[str], str] = os.readlink,
+    is_dir: Callable[[str], bool] = os.path.isdir,
+    exists: Callable[[str], bool] = os.path.lexists,
+) -> list[str]:
+    """The part of :func:`plan_root_args` that depends only on the mount *targets* (and the
+    host's tree): the host root read-only, split where a target needs a new mount point, and
+    private ``/dev``, ``/proc``, ``/tmp``; the mounts themselves follow (:func:`mount_args`)."""
+    targets = set(targets)
     # A mount point the host lacks must be created, so each existing host directory above it
     # is split; one the host has (e.g. /etc/passwd) is mounted over as it stands.
     split: set[str] = set()
-    for target in mounts:
+    for target in targets:
         if exists(target) and not is_symlink(target):
             continue
         for anc in _ancestors(target):
@@ -87,7 +113,7 @@ def plan_root_args(
             host = os.path.join(directory, name)
             if directory == "/" and name in _PRIVATE_TOP:
                 continue
-            if host in mounts and host not in split:
+            if host in targets and host not in split:
                 continue  # replaced by the mount itself
             if is_symlink(host):
                 args.extend(["--symlink", readlink(host), host])
@@ -99,8 +125,74 @@ def plan_root_args(
 
     expose("/")
     args.extend(["--dev", "/dev", "--proc", "/proc", "--perms", "1777", "--tmpfs", "/tmp"])
-    # Shallow targets first, so a mount nested in another lands on top of it.
+    return args
+
+
+def mount_args(mounts: Mapping[str, tuple[str, str]]) -> list[str]:
+    """bwrap arguments for ``mounts``, shallow targets first, so that a mount nested in
+    another lands on top of it."""
+    args: list[str] = []
     for target in sorted(mounts, key=lambda p: len(PurePosixPath(p).parts)):
         kind, host = mounts[target]
         args.extend([f"--{kind}", host, target])
     return args
+
+
+#: What :class:`HostRootCache` knows of one path: (mode, inode, device, mtime in ns), or None
+#: when it does not exist.
+PathState: TypeAlias = tuple[int, int, int, int] | None
+
+
+def lstat_state(path: str) -> PathState:
+    """:data:`PathState` of ``path`` by ``lstat``."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return (st.st_mode, st.st_ino, st.st_dev, st.st_mtime_ns)
+
+
+class HostRootCache:
+    """:func:`plan_host_root` per set of mount targets, reused while the host tree it was
+    planned from is unchanged (a boot then costs a few ``lstat`` calls, not a listing).
+
+    The plan depends on the targets, their ancestors (directory or not, symlink or not) and
+    the listing of the directories it splits (ancestors too, ``/`` first). A listing changes
+    only with its directory's mtime, a path's kind only with its ``lstat`` or its parent's
+    listing; so a plan is reused while the ``lstat`` of ``/``, every target and every ancestor
+    is the same. File systems stamp mtimes coarsely (a change right after a listing can
+    carry the mtime seen before it), so a plan is kept only once every one of those mtimes is
+    ``settle_sec`` older than the moment it was planned (git's rule for racily clean index
+    entries). Sans-IO: ``state`` and ``now`` are injectable; planning uses ``plan``.
+    """
+
+    def __init__(
+        self,
+        *,
+        state: Callable[[str], PathState] = lstat_state,
+        now: Callable[[], float] = time.time,
+        plan: Callable[[Iterable[str]], list[str]] = plan_host_root,
+        settle_sec: float = 1.0,
+    ) -> None:
+        self._state = state
+        self._now = now
+        self._plan = plan
+        self._settle_ns = int(settle_sec * 1e9)
+        self._plans: dict[frozenset[str], tuple[tuple[PathState, ...], list[str]]] = {}
+        self.planned = 0  # how many times the tree was listed (statistics, tests)
+
+    def host_args(self, targets: Iterable[str]) -> list[str]:
+        key = frozenset(targets)
+        paths = sorted({"/", *key, *(a for t in key for a in _ancestors(t))})
+        t0 = int(self._now() * 1e9)
+        seen = tuple(self._state(p) for p in paths)
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] == seen:
+            return list(hit[1])
+        args = self._plan(key)
+        self.planned += 1
+        if all(s is None or s[3] < t0 - self._settle_ns for s in seen):
+            self._plans[key] = (seen, args)
+        else:
+            self._plans.pop(key, None)
+        return list(args)
