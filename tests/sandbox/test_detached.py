@@ -154,15 +154,18 @@ class ReplayingSandbox(ProxySandbox):
 
 
 class LossySandbox(ProxySandbox):
-    """A transport that loses the output of every other replay-safe ``exec`` (after running it)."""
+    """A transport that loses the output of every other replay-safe ``exec`` (after running it),
+    or of the first ``in_a_row`` ones."""
 
-    def __init__(self, sb: Sandbox) -> None:
+    def __init__(self, sb: Sandbox, *, in_a_row: int = 0) -> None:
         super().__init__(sb)
         self.lost = 0
+        self.in_a_row = in_a_row
 
     async def exec(self, cmd: str, **kw: Any) -> ExecResult:
         result = await self.sb.exec(cmd, **kw)
-        if kw.get("idempotent") and len(self.calls) % 2 == 0:
+        lose = self.lost < self.in_a_row if self.in_a_row else len(self.calls) % 2 == 0
+        if kw.get("idempotent") and lose:
             self.lost += 1
             result = ExecResult(exit_code=0, output="", output_truncated=True)
         self.calls.append("exec")
@@ -424,6 +427,18 @@ async def test_lost_replies_are_asked_again(backend: Backend, image: Path) -> No
         assert (r.exit_code, r.output) == (5, "hello\n")
         count = await sb.exec(f"cat /tmp/{token}.count", cwd="/")
         assert count.output == "run\n"
+
+
+async def test_many_lost_replies_in_a_row_are_transport_failures(
+    backend: Backend, image: Path
+) -> None:
+    """Replies cut by the transport (re-attached streams) six times in a row, one more than a
+    malformed reply is allowed: retried as transport failures, the exit code still exact."""
+    async with sandbox(backend, image) as sb:
+        lossy = LossySandbox(sb, in_a_row=6)
+        r = await exec_and_wait(lossy, "echo hi; exit 3", time_budget_sec=120, want_output=True)  # type: ignore[arg-type]
+        assert (r.exit_code, r.output) == (3, "hi\n")
+        assert lossy.lost == 6
 
 
 async def test_same_tag_sequential_runs_again_overlap_refused(

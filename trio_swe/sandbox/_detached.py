@@ -64,9 +64,13 @@ _WAIT_RPC_SLACK_SEC = 30.0
 #: With ``want_output``, outputs up to this size come back in the wait RPC's reply itself.
 INLINE_OUTPUT_BYTES = 64 * 1024
 #: How often a script whose reply came back without its header is run again (each script is
-#: replay-safe; a stream cut after the process ended loses its output, and under a burst of
-#: faults several cuts in a row happen: the fault matrix saw three).
+#: replay-safe); a broken backend or script must not loop forever.
 _MALFORMED_RETRIES = 5
+#: How often a script whose reply the transport cut (``output_truncated``: a stream cut after
+#: the process printed and re-attached loses that output) is run again, with backoff: a
+#: transport failure, so retried like one. Under a GOAWAY every 0.6 s on a machine so loaded that
+#: every RPC takes longer, the fault matrix saw six such cuts of one script in a row.
+_LOST_REPLY_RETRIES = 60
 #: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
 MAX_POLL_INTERVAL_SEC = 300.0
 #: Default in-sandbox wait per RPC. The end is seen at once (``flock``) whatever this is; it
@@ -510,9 +514,8 @@ class _Call:
                 return await rpc()
             except SandboxUnreachableError:
                 self.unreachable_retries += 1
-                ceiling = min(_UNREACHABLE_CAP_SEC, _UNREACHABLE_BASE_SEC * 2.0 ** min(retry, 30))
+                await _backoff(retry)
                 retry += 1
-                await trio.sleep(random.uniform(ceiling / 2, ceiling))
 
     async def _run_script(
         self, script: str, step: str, timeout: float, *, retry_timeout: bool = True
@@ -524,7 +527,7 @@ class _Call:
         run twice. A timed-out RPC raises :class:`_RpcTimeout` when ``retry_timeout`` is False;
         otherwise it is run again too (the budget bounds the call).
         """
-        malformed = 0
+        malformed = lost = 0
         while True:
             result = await self._persist(
                 lambda: self.sb.exec(
@@ -540,10 +543,12 @@ class _Call:
                     f"detached {step} script of {self.plan.tag!r} failed in sandbox {self.sb.id} "
                     f"(exit {result.exit_code}): {result.output[-500:]!r}"
                 )
-            if result.output_truncated and malformed < _MALFORMED_RETRIES:
+            if result.output_truncated and lost < _LOST_REPLY_RETRIES:
                 # Our replies are small: "truncated" means the transport lost part of it.
                 self.malformed_replies += 1
-                malformed += 1
+                if lost >= 2:  # one or two cuts are common: ask again at once, then back off
+                    await _backoff(lost - 2)
+                lost += 1
                 continue
             try:
                 return parse_reply(result.output)
@@ -552,6 +557,12 @@ class _Call:
                     raise
                 self.malformed_replies += 1
                 malformed += 1
+
+
+async def _backoff(retry: int) -> None:
+    """Full jitter, doubling from ``_UNREACHABLE_BASE_SEC`` up to ``_UNREACHABLE_CAP_SEC``."""
+    ceiling = min(_UNREACHABLE_CAP_SEC, _UNREACHABLE_BASE_SEC * 2.0 ** min(retry, 30))
+    await trio.sleep(random.uniform(ceiling / 2, ceiling))
 
 
 class _RpcTimeout(Exception):
