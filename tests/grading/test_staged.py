@@ -122,7 +122,14 @@ def test_a_log_comes_inline_only_when_its_head_is_all_of_it() -> None:
 
 
 def _host_run(
-    tmp_path: Path, calc: CalcRepo, patch: bytes, script: str, *, budget: float = 60
+    tmp_path: Path,
+    calc: CalcRepo,
+    patch: bytes,
+    script: str,
+    *,
+    budget: float = 60,
+    save: str | None = None,
+    restore: str | None = None,
 ) -> tuple[str, subprocess.CompletedProcess[bytes], Path]:
     repo = calc.path
     state = tmp_path / "state"
@@ -146,6 +153,8 @@ def _host_run(
         script_path=str(tmp_path / "eval" / "eval.sh"),
         log_path=str(tmp_path / "eval" / "eval.log"),
         budget_sec=budget,
+        save=save,
+        restore=restore,
     )
     done = subprocess.run(
         ["bash", "-c", cmd], capture_output=True, cwd=repo, stdin=subprocess.DEVNULL, timeout=120
@@ -234,6 +243,65 @@ def test_the_watchdog_kills_the_scripts_process_group(tmp_path: Path, calc: Calc
     assert st.tests_sec >= 1
     alive = subprocess.run(["pgrep", "-f", marker], capture_output=True, check=False)
     assert alive.stdout == b""  # the script's child died with its group
+
+
+def _hooks(tmp_path: Path, calc: CalcRepo) -> tuple[str, str]:
+    """SWE-bench Pro's: the graded test file archived before the ladder, put back after it."""
+    archive = tmp_path / "graded.tar"
+    return (
+        f"cd {calc.path} && tar -cf {archive} --ignore-failed-read -- tests/test_calc.py",
+        f"cd {calc.path} && rm -rf -- tests/test_calc.py && tar -xf {archive}",
+    )
+
+
+def test_the_graded_files_are_saved_before_the_ladder_and_restored_after_it(
+    tmp_path: Path, calc: CalcRepo
+) -> None:
+    save, restore = _hooks(tmp_path, calc)
+    before = (calc.path / "tests" / "test_calc.py").read_text()
+    # The cheat edits the graded tests (it applies); the script sees them as they were.
+    script = "cat tests/test_calc.py; git diff --stat"
+    out, _, _ = _host_run(tmp_path, calc, calc.cheat.encode(), script, save=save, restore=restore)
+    st = read_stages(out, N)
+    assert (st.ladder_status, st.tests_status, st.failed_write) == (0, 0, None), out
+    assert st.log is not None
+    assert st.log.startswith(before)
+    assert "tests/test_calc.py" not in st.log.split(before, 1)[1]  # not in the diff
+
+
+@pytest.mark.parametrize("which", ["save", "restore"])
+def test_a_failed_hook_ends_the_command_with_its_output(
+    tmp_path: Path, calc: CalcRepo, which: str
+) -> None:
+    save, restore = _hooks(tmp_path, calc)
+    failing = "echo cannot archive >&2; exit 2"
+    marker = tmp_path / "ran"
+    out, done, eval_dir = _host_run(
+        tmp_path,
+        calc,
+        calc.gold.encode(),
+        f"touch {marker}\n",
+        save=failing if which == "save" else save,
+        restore=failing if which == "restore" else restore,
+    )
+    st = read_stages(out, N)
+    assert st.failed_write == f"no{which}"
+    assert st.hook_output == "cannot archive\n"
+    assert not marker.exists()
+    assert not (eval_dir / "eval.sh").exists()
+    assert done.returncode == 0
+    # A failed save: the ladder never ran (the tree is untouched).
+    assert (st.ladder_output is None) == (which == "save")
+    assert (git(calc.path, "status", "--porcelain") == "") == (which == "save")
+
+
+def test_restore_runs_only_once_the_ladder_applied(tmp_path: Path, calc: CalcRepo) -> None:
+    marker = tmp_path / "restored"
+    out, _, _ = _host_run(
+        tmp_path, calc, calc.no_apply.encode(), "exit 0\n", restore=f"touch {marker}"
+    )
+    assert read_stages(out, N).ladder_status == 3
+    assert not marker.exists()
 
 
 # -- apply_then_run on real backends -----------------------------------------------------------
@@ -406,3 +474,30 @@ def _no_apply() -> str:
         "--- a/calc/__init__.py\n+++ b/calc/__init__.py\n"
         "@@ -1,3 +1,3 @@\n-def nothing_like_this(a, b):\n+def add(a, b):\n     return 42\n \n"
     )
+
+
+async def test_a_failed_save_is_reported_and_applies_nothing(
+    backend: Backend, tmp_path: Path
+) -> None:
+    md, base = _md(tmp_path)
+    with trio.fail_after(120):  # a hang guard only
+        async with open_sandbox(backend, str(tmp_path / "image")) as sb:
+            staged = await apply_then_run(
+                sb,
+                md,
+                _gold(tmp_path).encode(),
+                "touch /tmp/trio_swe_eval/ran\n",
+                expect_head=base,
+                script_path="/tmp/trio_swe_eval/eval.sh",
+                log_path="/tmp/trio_swe_eval/eval.log",
+                budget_sec=60,
+                save="cd /testbed && tar -cf /tmp/trio_swe_eval/g.tar -- no/such/file",
+                restore="true",
+            )
+            tree = (await sb.exec("git status --porcelain; ls /tmp/trio_swe_eval")).output
+    assert staged.hook_failed is not None
+    assert staged.hook_failed[0] == "save"
+    assert "no/such/file" in staged.hook_failed[1]
+    assert (staged.outcome.applied, staged.run) == (False, None)
+    assert "calc" not in tree
+    assert "ran" not in tree.split()

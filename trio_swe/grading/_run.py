@@ -505,15 +505,22 @@ class AppliedRun:
     """What :func:`apply_then_run` did: the ladder's outcome, then (only when it applied) the
     graded script's result and whole log. ``run.reason == "time_budget"`` when the script
     outlived its budget. ``apply_sec``: the ladder's own time, measured in the sandbox (None
-    when it has no clock)."""
+    when it has no clock). ``hook_failed``: ``("save" | "restore", its output)`` when a hook
+    of :func:`apply_then_run` failed (then nothing after it ran)."""
 
     def __init__(
-        self, outcome: ApplyOutcome, run: ExecResult | None, log: str, apply_sec: float | None
+        self,
+        outcome: ApplyOutcome,
+        run: ExecResult | None,
+        log: str,
+        apply_sec: float | None,
+        hook_failed: tuple[str, str] | None = None,
     ) -> None:
         self.outcome = outcome
         self.run = run
         self.log = log
         self.apply_sec = apply_sec
+        self.hook_failed = hook_failed
 
 
 async def apply_then_run(
@@ -528,12 +535,17 @@ async def apply_then_run(
     budget_sec: float,
     env: Mapping[str, str] | None = None,
     files: Mapping[str, str | bytes] | None = None,
+    save: str | None = None,
+    restore: str | None = None,
 ) -> AppliedRun:
     """The apply ladder and the graded script in one detached command (:func:`staged_command`):
     the patch, the ladder and the script travel in the command, the ladder's verdict gates the
     script in the sandbox, and a small log comes back in the same reply. Three round trips
     (command write, spawn, wait) instead of five. ``files`` (path -> content) are written
-    once the patch applied, before the script runs (a grader's own test file).
+    once the patch applied, before the script runs (a grader's own test file). ``save`` and
+    ``restore`` are shell run before the ladder and once it applied (before ``files``): e.g.
+    graded test files archived, then put back over the patch; a failure of either ends the
+    command (``AppliedRun.hook_failed``; a failed ``save`` leaves the patch unapplied).
 
     As strict as :func:`apply_patch` then :func:`run_logged`: a patch that
     :func:`~._patch.refused_paths` refuses is never written; ``expect_head`` is checked before
@@ -582,6 +594,8 @@ async def apply_then_run(
             (path, data.encode() if isinstance(data, str) else bytes(data))
             for path, data in (files or {}).items()
         ),
+        save=save,
+        restore=restore,
     )
     t = time.monotonic()
     run = await run_long(
@@ -590,6 +604,10 @@ async def apply_then_run(
     wall = time.monotonic() - t
     overrun = run.reason == "time_budget"
     st = read_stages(run.output, nonce)
+    if st.failed_write == "nosave":
+        return AppliedRun(
+            ApplyOutcome(False, None, ""), None, "", 0.0, hook_failed=("save", st.hook_output)
+        )
     if st.ladder_output is None:
         why = {"nodir": "could not make its directories", "nopatch": "could not write the patch"}
         raise SandboxError(
@@ -627,6 +645,8 @@ async def apply_then_run(
             log += f"\n(apply ladder exceeded the command's {budget_sec + STAGED_SLACK_SEC:g} s)"
         return AppliedRun(ApplyOutcome(False, None, log, head=head), None, "", apply_sec)
     outcome = ApplyOutcome(True, rung, "", head=head)
+    if st.failed_write == "norestore":
+        return AppliedRun(outcome, None, "", apply_sec, hook_failed=("restore", st.hook_output))
     if st.failed_write == "noscript":
         raise SandboxError(f"the graded command could not write {script_path} or its files")
     if overrun and not st.tests_ended and (apply_sec is None or apply_sec > _LADDER_FAIR_SEC):

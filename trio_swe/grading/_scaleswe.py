@@ -29,7 +29,6 @@ from ._run import (
     PLAIN_ENV,
     SETUP_BUDGET_SEC,
     Phases,
-    apply_patch,
     apply_then_run,
     evaluate_patch,
     make_result,
@@ -37,7 +36,6 @@ from ._run import (
     open_eval_sandbox,
     read_text,
     run_logged,
-    run_long,
     timeout_result,
 )
 from ._testlog import parse_pytest_summary, selectable, split_counts
@@ -144,26 +142,7 @@ class ScaleSweProtocol:
                 return await _grade_exit_code(
                     sb, md, phases, patch, grader or "", script, files, timeout_sec, g
                 )
-            graded_files = g.swepro.selected_test_files
-            with phases.phase("apply"):
-                saved = await _save_files(sb, md.workdir, graded_files)
-                outcome = await apply_patch(sb, md, patch)
-                # The patch must not change the graded tests.
-                if saved is None and outcome.applied:
-                    saved = await _restore_files(sb, md.workdir, graded_files)
-            if saved is not None:
-                return make_result(
-                    md,
-                    phases,
-                    reason=R.SETUP_FAILED,
-                    grader=grader,
-                    infra=True,
-                    detail="could not save/restore the graded test files",
-                    log=saved,
-                )
-            if not outcome.applied:
-                return not_applied_result(md, phases, outcome, grader=grader)
-            return await _grade_swepro(sb, md, g.swepro, phases, outcome.rung, timeout_sec)
+            return await _grade_swepro(sb, md, g.swepro, phases, patch, timeout_sec)
 
 
 def _exit_code_script(md: InstanceMetadata, g: ScaleSweGrading) -> tuple[str, dict[str, str]]:
@@ -231,30 +210,19 @@ async def _setup(
     return None
 
 
-async def _save_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> str | None:
-    """Archive the graded test files (missing ones are skipped); the error output on failure."""
-    return await _tar_in_workdir(
-        sb, workdir, files, "tar -cf {archive} --ignore-failed-read -- {files}"
-    )
-
-
-async def _restore_files(sb: Sandbox, workdir: str, files: tuple[str, ...]) -> str | None:
-    """Put the archived graded test files back (and drop ones the patch created)."""
-    return await _tar_in_workdir(sb, workdir, files, "rm -rf -- {files} && tar -xf {archive}")
-
-
-async def _tar_in_workdir(
-    sb: Sandbox, workdir: str, files: tuple[str, ...], template: str
-) -> str | None:
+def _graded_files_hooks(workdir: str, files: tuple[str, ...]) -> tuple[str | None, str | None]:
+    """Shell that archives the graded test files before the ladder (missing ones skipped), and
+    shell that puts them back once it applied (dropping ones the patch created): the patch
+    must not change the graded tests. (None, None) without files."""
     if not files:
-        return None
-    command = template.format(
-        archive=f"{EVAL_DIR}/graded.tar", files=" ".join(shlex.quote(f) for f in files)
+        return None, None
+    wd = shlex.quote(workdir)
+    archive = f"{EVAL_DIR}/graded.tar"
+    names = " ".join(shlex.quote(f) for f in files)
+    return (
+        f"cd {wd} && tar -cf {archive} --ignore-failed-read -- {names}",
+        f"cd {wd} && rm -rf -- {names} && tar -xf {archive}",
     )
-    r = await sb.exec(
-        f"cd {shlex.quote(workdir)} && {command}", user="root", timeout=APPLY_TIMEOUT_SEC
-    )
-    return None if r.ok else r.output or f"tar exited with {r.exit_code}"
 
 
 async def _grade_exit_code(
@@ -358,17 +326,51 @@ async def _grade_swepro(
     md: InstanceMetadata,
     sp: SweProSpec,
     phases: Phases,
-    rung: str | None,
+    patch: bytes,
     timeout_sec: float,
 ) -> EvalResult:
-    """SWE-bench Pro: run script on the selected files, parser -> JSON, F2P | P2P <= PASSED."""
+    """SWE-bench Pro: the ladder with the selected test files saved before it and put back
+    after it, then the run script on them, in one command (:func:`~._run.apply_then_run`);
+    then the parser -> JSON, F2P | P2P <= PASSED."""
     out, err, res = (f"{SWEPRO_DIR}/{n}" for n in ("stdout.log", "stderr.log", "result.json"))
     tests = shlex.quote(",".join(sp.selected_test_files))
     cmd = (
         f"cd {shlex.quote(md.workdir)} && bash {SWEPRO_DIR}/run_script.sh {tests} > {out} 2> {err}"
     )
-    with phases.phase("tests"):
-        r = await run_long(sb, cmd, budget_sec=timeout_sec, env=PLAIN_ENV)
+    save, restore = _graded_files_hooks(md.workdir, sp.selected_test_files)
+    t = time.monotonic()
+    staged = await apply_then_run(
+        sb,
+        md,
+        patch,
+        cmd,
+        expect_head=None,
+        script_path=f"{EVAL_DIR}/swepro.sh",
+        log_path=f"{EVAL_DIR}/swepro.log",
+        budget_sec=timeout_sec,
+        env=PLAIN_ENV,
+        save=save,
+        restore=restore,
+    )
+    took = time.monotonic() - t
+    outcome, r = staged.outcome, staged.run
+    if staged.hook_failed is not None:
+        phases.durations["apply"] = took
+        return make_result(
+            md,
+            phases,
+            reason=R.SETUP_FAILED,
+            grader="swepro",
+            infra=True,
+            detail=f"could not {staged.hook_failed[0]} the graded test files",
+            log=staged.hook_failed[1],
+        )
+    if r is None:  # the ladder alone ran
+        phases.durations["apply"] = took
+        return not_applied_result(md, phases, outcome, grader="swepro")
+    phases.durations["apply"] = share = staged.apply_sec or 0.0
+    phases.durations["tests"] = took - share
+    rung = outcome.rung
     stdout = await read_text(sb, out)
     stderr = await read_text(sb, err)
     if stderr:

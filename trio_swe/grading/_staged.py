@@ -28,6 +28,8 @@ STAGE: Final = "@@TRIO_SWE_STAGE"
 #: A log up to this size comes back inline after the ladder's output (together well within
 #: the 64 KiB one wait reply carries).
 INLINE_LOG_BYTES: Final = 60 * 1024
+#: What comes back of a failed ``save``/``restore`` hook's output.
+HOOK_OUTPUT_BYTES: Final = 4096
 #: Budgets from this long on run without a watchdog in the sandbox.
 WATCHDOG_MAX_SEC: Final = 10.0**8
 
@@ -44,6 +46,8 @@ def staged_command(
     log_path: str,
     budget_sec: float,
     files: tuple[tuple[str, bytes], ...] = (),
+    save: str | None = None,
+    restore: str | None = None,
 ) -> str:
     """The bash command: make ``dirs``, write ``patch`` to ``patch_path`` (None: none), run
     the ladder (``ladder``'s body, in a subshell, stdin ``/dev/null``, stderr merged) and, only
@@ -60,6 +64,12 @@ def staged_command(
     none. A write that fails prints ``<mark> nodir``, ``nopatch`` or ``noscript`` and ends the
     command. The patch travels as ``printf '%b'`` escapes (any
     byte), the script single-quoted: no process is started to write them.
+
+    ``save`` and ``restore`` (shell, e.g. SWE-bench Pro's graded test files archived, then put
+    back over what the patch did to them) run in subshells, their output to
+    ``<log_path>.hook``: ``save`` before the ladder, ``restore`` only once the ladder applied,
+    before ``files`` and the script. A failure prints ``<mark> nosave`` / ``<mark> norestore``
+    and the hook's output (its first :data:`HOOK_OUTPUT_BYTES`), and ends the command.
     """
     q = shlex.quote
     mark = f"{STAGE} {nonce}"
@@ -75,6 +85,16 @@ def staged_command(
             f"|| {{ echo '{mark} nopatch'; exit 0; }}"
         )
     body = script if script.endswith("\n") else script + "\n"
+    hook_log = q(f"{log_path}.hook")
+
+    def hook(shell: str, word: str) -> str:
+        return (
+            f"( {shell.strip()}\n) </dev/null >{hook_log} 2>&1 "
+            f"|| {{ echo '{mark} {word}'; head -c {HOOK_OUTPUT_BYTES} -- {hook_log}; exit 0; }}"
+        )
+
+    if save is not None:
+        parts.append(hook(save, "nosave"))
     parts += [
         # No process: `read` of procfs and a bash variable.
         'now() { read -r U _ </proc/uptime || U=x; E=${EPOCHREALTIME:-x}; T="$U $E"; }',
@@ -86,6 +106,8 @@ def staged_command(
         f'echo; echo "{mark} applied $a $t0 $T"',
         '[ "$a" = 0 ] || exit 0',
     ]
+    if restore is not None:
+        parts.append(hook(restore, "norestore"))
     parts += [
         f"printf '%b' {q(printf_bytes(data, text=True))} > {q(path)} "
         f"|| {{ echo '{mark} noscript'; exit 0; }}"
@@ -127,7 +149,9 @@ class Stages(msgspec.Struct, frozen=True, kw_only=True):
     never came).
 
     Attributes:
-        failed_write: ``"nodir"`` / ``"nopatch"`` (before the ladder) or ``"noscript"``.
+        failed_write: ``"nodir"`` / ``"nopatch"`` / ``"nosave"`` (before the ladder) or
+            ``"norestore"`` / ``"noscript"`` (after it applied).
+        hook_output: what the failed ``save``/``restore`` hook printed (its head).
         ladder_output: the ladder's own output (None: the ladder never started).
         ladder_status: its exit status (None: it did not finish, or no number).
         apply_sec: the ladder's own time by the sandbox's clocks (None: unknown).
@@ -141,6 +165,7 @@ class Stages(msgspec.Struct, frozen=True, kw_only=True):
     """
 
     failed_write: str | None = None
+    hook_output: str = ""
     ladder_output: str | None = None
     ladder_status: int | None = None
     apply_sec: float | None = None
@@ -156,9 +181,11 @@ def read_stages(output: str, nonce: str) -> Stages:
     lines = _StageLines(output, nonce)
     start = lines.next("apply")
     if start is None:
-        for word in ("nodir", "nopatch"):
-            if lines.next(word) is not None:
-                return Stages(failed_write=word)
+        for word in ("nodir", "nopatch", "nosave"):
+            found = lines.next(word)
+            if found is not None:
+                hook = output[found[2] :] if word == "nosave" else ""
+                return Stages(failed_write=word, hook_output=hook)
         return Stages()
     applied = lines.next("applied")
     if applied is None:
@@ -173,6 +200,11 @@ def read_stages(output: str, nonce: str) -> Stages:
     )
     tests = lines.next("tests")
     if tests is None:
+        restore = lines.next("norestore")
+        if restore is not None:
+            return msgspec.structs.replace(
+                ladder, failed_write="norestore", hook_output=output[restore[2] :]
+            )
         if lines.next("noscript") is not None:
             return msgspec.structs.replace(ladder, failed_write="noscript")
         return ladder
