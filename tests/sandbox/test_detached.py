@@ -594,6 +594,51 @@ async def test_a_failed_cleanup_stays_pending(backend: Backend, image: Path) -> 
             assert await leftover_dirs(sb, ["sick2"]) == []
 
 
+class LateWriteSandbox(ProxySandbox):
+    """The first attempt of a command file's write lands late, after its retry: cut short just
+    before the spawn (``before``), or emptied while the command runs (``after``)."""
+
+    def __init__(self, sb: Sandbox, *, before: bool) -> None:
+        super().__init__(sb)
+        self.before = before
+        self.cmd_path = ""
+        self.cuts = 0
+
+    async def write_file(self, path: str, data: bytes | str, **kw: Any) -> None:
+        await super().write_file(path, data, **kw)
+        if path.endswith(".sh") and self.before and not self.cuts:
+            self.cuts += 1
+            await self.sb.write_file(path, bytes(data)[: len(data) // 2], **kw)  # type: ignore[arg-type]
+        self.cmd_path = path
+
+    async def exec(self, cmd: str, **kw: Any) -> ExecResult:
+        result = await super().exec(cmd, **kw)
+        if "setsid" in cmd and not self.before and not self.cuts:
+            self.cuts += 1
+            await self.sb.write_file(self.cmd_path, b"")
+        return result
+
+
+@pytest.mark.parametrize("before", [True, False], ids=["before-spawn", "while-running"])
+async def test_a_late_write_of_the_command_file_changes_nothing(
+    backend: Backend, image: Path, before: bool
+) -> None:
+    """A retried write_file whose first attempt the server runs late rewrites the command file.
+    Before the spawn, the file is written again; while the command runs, the run is unaffected
+    (it used to end at the cut with status 0: a wrong exit code)."""
+    async with sandbox(backend, image) as sb:
+        proxy = LateWriteSandbox(sb, before=before)
+        r = await exec_and_wait(
+            proxy,  # type: ignore[arg-type]
+            "sleep 0.5\necho second\nexit 48",
+            time_budget_sec=120,
+            want_output=True,
+        )
+        assert (r.exit_code, r.output) == (48, "second\n")
+        assert proxy.cuts == 1
+        assert proxy.calls.count("write_file") == (2 if before else 1)
+
+
 async def test_background_children_do_not_delay_the_result(backend: Backend, image: Path) -> None:
     """Daemons a command leaves behind on success keep running (services), and neither they nor
     their hold on the output file keep the caller waiting."""

@@ -208,7 +208,7 @@ def test_scripts_fill_every_placeholder() -> None:
         L.kill_script(plain, remove=True),
         L.cleanup_script(plain),
     ):
-        assert re.search(r"@[A-Z]+@", script) is None
+        assert re.search(r"@[A-Z_]+@", script) is None
     # A value that looks like a placeholder is kept literally (one-pass substitution).
     odd = L.make_plan("true", workdir="/we@DIR@ird@NONCE@")
     assert "( cd /we@DIR@ird@NONCE@ )" in L.spawn_script(odd)
@@ -269,6 +269,41 @@ def test_replayed_spawn_runs_once(base: str, tmp_path: Path, path_env: str) -> N
     assert h.wait().state == "done"
     assert h.spawn().state == "replay"  # even after it finished
     assert count.read_text() == "x\n"
+
+
+def test_spawn_refuses_a_command_file_not_whole(base: str, tmp_path: Path, path_env: str) -> None:
+    """A late partial duplicate of the command file's write: the spawn claims nothing and asks for
+    the file again; once whole, the call runs normally."""
+    h = Host(plan("echo ran; exit 48", base, tmp_path), path_env)
+    cmd = Path(h.plan.cmd_path)
+    cmd.write_bytes(h.plan.command_file[:-3])
+    assert h.spawn().state == "nocmd"
+    cmd.unlink()
+    assert h.spawn().state == "nocmd"
+    # No spawn claimed, no copy left (a spawnlock is made where flock exists).
+    assert set(os.listdir(h.plan.dir)) <= {"spawnlock"}
+    cmd.write_bytes(h.plan.command_file)
+    assert h.spawn().state == "started"
+    assert L.parse_done(h.wait(tail_when="always"), nonce=h.plan.nonce)[0] == 48
+
+
+def test_a_rewrite_of_the_command_file_never_reaches_the_run(
+    base: str, tmp_path: Path, path_env: str
+) -> None:
+    """The launcher runs its own copy: the command file cut short while the command runs (a late
+    duplicate write truncating it) changes nothing. bash reads a script file as it goes, so the
+    run of the file itself would end at the cut with status 0."""
+    gate = tmp_path / "gate"
+    h = Host(
+        plan(f"while [ ! -e {gate} ]; do sleep 0.01; done\necho second\nexit 48", base, tmp_path),
+        path_env,
+    )
+    assert h.spawn().state == "started"
+    Path(h.plan.cmd_path).write_bytes(b"")  # truncated while the command runs
+    gate.touch()
+    reply = h.wait(tail_when="always")
+    assert L.parse_done(reply, nonce=h.plan.nonce)[0] == 48
+    assert reply.tail == "second\n"
 
 
 def test_same_tag_other_call_is_busy_and_untouched(base: str, tmp_path: Path, token: str) -> None:

@@ -71,6 +71,8 @@ _MALFORMED_RETRIES = 5
 #: transport failure, so retried like one. Under a GOAWAY every 0.6 s on a machine so loaded that
 #: every RPC takes longer, the fault matrix saw six such cuts of one script in a row.
 _LOST_REPLY_RETRIES = 60
+#: How often the command file is written again when the spawn finds it not whole.
+_REWRITES = 5
 #: The longest in-sandbox wait per RPC allowed; gateways cut streams after a few minutes.
 MAX_POLL_INTERVAL_SEC = 300.0
 #: Default in-sandbox wait per RPC. The end is seen at once (``flock``) whatever this is; it
@@ -300,11 +302,16 @@ class _Call:
     async def _spawn(self) -> None:
         plan = self.plan
         self.touched = True
-        # No ``mode``: on E2B that costs a chmod RPC; the spawn script makes the file 0600.
-        await self._persist(
-            lambda: self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user)
-        )
-        reply = await self._run_script(spawn_script(plan), "spawn", SCRIPT_TIMEOUT_SEC)
+        for _ in range(_REWRITES):
+            # No ``mode``: on E2B that costs a chmod RPC; the spawn script makes the file 0600.
+            await self._persist(
+                lambda: self.sb.write_file(plan.cmd_path, plan.command_file, user=plan.user)
+            )
+            reply = await self._run_script(spawn_script(plan), "spawn", SCRIPT_TIMEOUT_SEC)
+            if reply.state != "nocmd":
+                break
+            # A late duplicate of the write cut the file short (its first attempt ran in the
+            # server after the retry): write it again, replay-safe like every step here.
         if reply.state in ("started", "replay"):
             return
         if reply.state == "busy":
@@ -315,6 +322,11 @@ class _Call:
             raise InvalidArgumentError(
                 f"workdir {plan.workdir!r} does not exist or cannot be entered by "
                 f"user {plan.user or '(default)'} in sandbox {self.sb.id}"
+            )
+        if reply.state == "nocmd":
+            raise SandboxError(
+                f"detached spawn of {plan.tag!r}: the command file {plan.cmd_path!r} was not "
+                f"whole after {_REWRITES} writes in sandbox {self.sb.id}"
             )
         if reply.state == "nosetsid":
             raise SandboxError(f"sandbox {self.sb.id} has no setsid(1); install util-linux")

@@ -11,6 +11,9 @@ for the backend's default user)::
 
     cmd.<nonce>.sh   the caller's command behind a preamble (cd workdir, export env); written
                      with ``Sandbox.write_file`` so its size is not bounded by argv limits
+    run.<nonce>.sh   the private copy the launcher runs, taken whole by the spawn: a late
+                     duplicate of the write (a retried RPC whose first attempt the server ran
+                     late) may rewrite ``cmd.<nonce>.sh`` at any time, even while it is read
     spawned          symlink -> <nonce>: the replay lock (``ln -s`` is atomic and names its owner)
     spawnlock        flock held while a spawn runs, so a kill never races a half-done spawn
     lock             flock held exclusively by the launcher for its whole life
@@ -57,6 +60,7 @@ ReplyState = Literal[
     "busy",  # the tag belongs to another call: nothing done; field: owner
     "noworkdir",  # the workdir is missing or not enterable by the user
     "nosetsid",  # the sandbox has no setsid(1)
+    "nocmd",  # the command file is missing or not whole (a late partial write): write it again
     "failed",  # the launcher did not start; the tail says why
     # wait / kill
     "done",  # fields: nonce, status, output size; then the output tail
@@ -92,6 +96,10 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def cmd_path(self) -> str:
         return f"{self.dir}/cmd.{self.nonce}.sh"
+
+    @property
+    def run_path(self) -> str:
+        return f"{self.dir}/run.{self.nonce}.sh"
 
     @property
     def out_path(self) -> str:
@@ -210,19 +218,27 @@ command -v setsid >/dev/null 2>&1 || { echo TRIO_SWE nosetsid; exit 0; }
 ( cd @WORKDIR@ ) >/dev/null 2>&1 || { echo TRIO_SWE noworkdir; exit 0; }
 # Serialize with kill scripts: a kill waits for a spawn in progress, or prevents it.
 if [ -n "$F" ]; then exec 8>>spawnlock && flock -x 8; fi
+# The launcher runs a copy taken now and checked whole: every write of the command file writes
+# the same bytes, so a copy of the expected size is exact, and nothing rewrites the copy.
+t=run.@NONCE@.$$
+if ! (umask 077 && cat -- @CMD@ >"$t") 2>/dev/null; then rm -f -- "$t"; echo TRIO_SWE nocmd; exit 0; fi
+size=$(wc -c <"$t")
+if [ $((size)) -ne @SIZE@ ]; then rm -f -- "$t"; echo TRIO_SWE nocmd; exit 0; fi
 if ! ln -s @NONCE@ spawned 2>/dev/null; then
+  rm -f -- "$t"
   owner=$(readlink spawned 2>/dev/null)
   if [ "$owner" = @NONCE@ ]; then echo TRIO_SWE replay; else echo TRIO_SWE busy "$owner"; fi
   exit 0
 fi
+mv -f -- "$t" @RUNFILE@
 # `setsid -f` forks in the foreground, so the launcher does not inherit the SIGINT/SIGQUIT
 # dispositions that sh forces to "ignored" on background jobs (Python would then never raise
 # KeyboardInterrupt). An old setsid without -f: fall back to `&`.
 if setsid -f true </dev/null >/dev/null 2>&1; then
-  pid=$(@RUN@=@NONCE@ setsid -f $B -c @LAUNCHER@ trio-swe-launcher $B @NONCE@ "$F" @CMD@ \\
+  pid=$(@RUN@=@NONCE@ setsid -f $B -c @LAUNCHER@ trio-swe-launcher $B @NONCE@ "$F" @RUNFILE@ \\
         </dev/null 2>>out 8>&-)
 else
-  pid=$(@RUN@=@NONCE@ setsid $B -c @LAUNCHER@ trio-swe-launcher $B @NONCE@ "$F" @CMD@ \\
+  pid=$(@RUN@=@NONCE@ setsid $B -c @LAUNCHER@ trio-swe-launcher $B @NONCE@ "$F" @RUNFILE@ \\
         </dev/null 2>>out 8>&- &)
 fi
 case "$pid" in
@@ -377,7 +393,8 @@ def spawn_script(plan: Plan) -> str:
 
     Prints ``started <pid>`` only after the launcher holds its lock and has written its pid;
     ``replay`` when this call's spawn already happened; ``busy <owner>`` when another call owns
-    the tag; ``noworkdir``, ``nosetsid``, ``gone`` or ``failed`` (then the launcher's stderr).
+    the tag; ``noworkdir``, ``nosetsid``, ``gone`` or ``failed`` (then the launcher's stderr);
+    ``nocmd`` when the command file is missing or not whole (nothing done: write it again).
     """
     return _PRELUDE + _fill(
         _SPAWN,
@@ -387,6 +404,8 @@ def spawn_script(plan: Plan) -> str:
         RUN=RUN_ENV,
         LAUNCHER=shlex.quote(_LAUNCHER),
         CMD=shlex.quote(plan.cmd_path),
+        RUNFILE=shlex.quote(plan.run_path),
+        SIZE=str(len(plan.command_file)),
     )
 
 
