@@ -24,7 +24,8 @@ Run: ``python -m bench e2b_scale`` (1,000 only, about 2 minutes on a quiet machi
 ``TRIO_SWE_SCALE_N=1000,10000 python -m bench e2b_scale`` for both (10,000: the ramp alone is
 ~170 s of client CPU). ``TRIO_SWE_SCALE_POLL`` sets ``poll_interval_sec`` (default 120, the
 library's), ``_HOLD`` the steady window (40 s), ``_RATE`` / ``_END_RATE`` (100 / 50 per s),
-``_INFLIGHT`` (64), ``_KEEPALIVE`` the backend's keepalive interval, ``_STREAMS`` / ``_CONNS``
+``_INFLIGHT`` (64), ``_KEEPALIVE`` the backend's keepalive interval (default: the backend's,
+50 s on the h2 client), ``_STREAMS`` / ``_CONNS``
 the pool's caps, ``_LEAN=0`` hypercorn instead of the lean HTTP/2 server,
 ``_PROFILE=ramp|steady|end`` (``...2``: top functions too) a cProfile of that phase.
 """
@@ -367,8 +368,9 @@ def _report(r: dict[str, Any]) -> None:
         f"  N = {n:,} concurrent detached `sleep D; exit K` (ramp {r['ramp']:.0f} s, ends spread "
         f"over {r['spread']:.0f} s, poll {POLL:g} s), wall {r['wall']:.0f} s"
     )
-    client = os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT", "default")
-    print(f"    {r['uptime']} at the end; client {client}")
+    client = os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT", "default (h2)")
+    keepalive = os.environ.get("TRIO_SWE_SCALE_KEEPALIVE", "default")
+    print(f"    {r['uptime']} at the end; client {client}, keepalive {keepalive}")
     print(f"    errors                         {len(r['errors'])}  {r['errors'][:3]}")
     print(
         f"    ramp                           {r['ramp_actual']:.0f} s (planned {r['ramp']:.0f} s, "

@@ -18,6 +18,7 @@ from trio_swe import (
     open_sandbox,
 )
 from trio_swe.sandbox.e2b import E2BBackend
+from trio_swe.sandbox.e2b._h2conn import ping_interval_for, ping_timeout_for
 from trio_swe.testing import EnvdServer, Fault, FaultPlan
 
 from .helpers import e2b_backend_for, open_server_and_backend
@@ -64,6 +65,48 @@ async def test_timeout_kills_the_command(server_backend: Pair) -> None:
         with trio.fail_after(30):
             while server.statistics().processes_running:  # noqa: ASYNC110 - server state
                 await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.1, 0.3, 1.0])
+async def test_a_cancelled_exec_leaves_no_process(server_backend: Pair, delay: float) -> None:
+    # Cancellation anywhere in exec (sending the Start, the shielded wait for envd's start,
+    # the output) kills the command by tag before it completes: nothing keeps running.
+    server, backend = server_backend
+    async with open_sandbox(backend, "base") as sb:
+        with trio.move_on_after(delay):
+            await sb.exec("echo started; sleep 30", timeout=60)
+            pytest.fail("the command should still be running")
+        with trio.fail_after(30):  # a hang guard; the server counts a process until it reaps it
+            while server.statistics().processes_running:  # noqa: ASYNC110 - server state
+                await trio.sleep(0.05)
+        assert (await sb.exec("echo after")).output == "after\n"  # the sandbox is fine
+
+
+@pytest.mark.parametrize(("client", "keepalive"), [("h2", 50.0), ("httpx", 15.0)])
+async def test_keepalive_defaults_per_client(client: str, keepalive: float) -> None:
+    # The h2 client finds dead connections by PING, so it asks envd for the SDK's 50 s; httpx
+    # cannot sync a connection and keeps 15 s. An explicit interval wins on both.
+    async with open_server_and_backend() as (server, _):
+        for asked, want in ((None, keepalive), (2.0, 2.0)):
+            async with (
+                e2b_backend_for(server, http_client=client, keepalive_interval=asked) as backend,
+                open_sandbox(backend, "base") as sb,
+            ):
+                assert sb._envd.keepalive_interval == want
+                assert sb._envd.idle_timeout == 2.5 * want + 1.0
+                assert sb._envd.headers_timeout <= 38.5
+                assert (await sb.exec("echo ok")).output == "ok\n"
+                assert client in {pool.client for pool in backend.statistics().pools}
+
+
+def test_connection_liveness_does_not_scale_with_long_keepalives() -> None:
+    # PING after at most 30 s of silence, dead after at most 30 s more, whatever the keepalive.
+    assert [(ping_interval_for(k), ping_timeout_for(k)) for k in (1.0, 5.0, 15.0, 50.0)] == [
+        (10.0, 5.0),
+        (15.0, 10.0),
+        (30.0, 30.0),
+        (30.0, 30.0),
+    ]
 
 
 async def test_signal_exit_is_a_result(server_backend: Pair) -> None:

@@ -88,6 +88,27 @@ def test_unary_request_is_bare_json_without_deadline_by_default() -> None:
         c.unary_request("/x", b"{}", timeout_ms=0)
 
 
+def test_byte_headers_are_the_requests_headers() -> None:
+    # The client sends the byte forms; the server and tests read the str forms: one set.
+    def as_str(headers: tuple[tuple[bytes, bytes], ...]) -> dict[str, str]:
+        return {k.decode(): v.decode() for k, v in headers}
+
+    stream = c.stream_request("/p", b"{}", timeout_ms=1500)
+    assert {**as_str(c.STREAM_HEADERS), **as_str((c.timeout_header(1500),))} == stream.headers
+    assert as_str(c.UNARY_HEADERS) == c.unary_request("/p", b"{}").headers
+    with pytest.raises(ValueError):
+        c.timeout_header(0)
+
+
+def test_decoder_keeps_an_incomplete_tail_of_a_chunk() -> None:
+    a, b = c.encode_envelope(b"one"), c.encode_envelope(b"two", flags=c.FLAG_END_STREAM)
+    dec = c.EnvelopeDecoder()
+    assert [e.payload for e in dec.feed(a + b[:3])] == [b"one"]
+    assert dec.buffered == 3
+    assert [(e.payload, e.end_stream) for e in dec.feed(memoryview(b[3:]))] == [(b"two", True)]
+    dec.check_complete()
+
+
 @pytest.mark.parametrize(
     ("value", "expected"),
     [(None, None), ("1", 0.001), ("60000", 60.0), ("9999999999", 9999999.999)],

@@ -476,3 +476,64 @@ def test_too_many_streams_is_refused_locally() -> None:
     conn.open_stream(b"\x82", end_stream=True)
     with pytest.raises(fr.TooManyStreams, match="Max outbound streams"):
         conn.open_stream(b"\x82", end_stream=True)
+
+
+def test_a_repeated_block_is_decoded_once_while_the_table_stays() -> None:
+    enc = hpack.Encoder()
+    ours = fr.RepeatDecoder()
+    answer = [(b":status", b"200"), (b"content-type", b"application/connect+json")]
+    first, again = enc.encode(answer), enc.encode(answer)
+    assert first != again  # the first inserts into the table, the next only refers to it
+    assert [ours.decode(b) for b in (first, again, again, again)] == [answer] * 4
+    assert ours.repeats == 2
+    dated = enc.encode([*answer, (b"date", b"now")])  # an insertion: what was seen is forgotten
+    assert ours.decode(dated) == [*answer, (b"date", b"now")]
+    # The old bytes now name other entries (the insertion shifted the indices): decoded anew.
+    assert ours.decode(again) == [(b":status", b"200"), (b"date", b"now")]
+    assert ours.repeats == 2
+
+
+_HEADER = st.sampled_from(
+    [
+        (b":status", b"200"),
+        (b":status", b"404"),
+        (b"content-type", b"application/connect+json"),
+        (b"server", b"envd"),
+        (b"date", b"Tue, 01 Dec 2026 16:00:00 GMT"),
+        (b"date", b"Tue, 01 Dec 2026 16:00:01 GMT"),
+        (b"x-long", b"v" * 1500),  # evicts entries from a 4,096-byte table
+    ]
+)
+
+
+@SETTINGS
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(_HEADER, min_size=1, max_size=5),
+            st.sampled_from([None, None, None, 256, 4096]),  # a table size update first
+            st.booleans(),  # indexed (the usual) or never indexed
+        ),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_repeated_blocks_decode_as_hpack_does(
+    blocks: list[tuple[list[tuple[bytes, bytes]], int | None, bool]],
+) -> None:
+    # A peer's encoder with its dynamic table: our decoder (which skips a block it decoded
+    # before while the table is unchanged) gives what a fresh hpack decoder gives, every time.
+    enc = hpack.Encoder()
+    ours = fr.RepeatDecoder()
+    reference = hpack.Decoder(max_header_list_size=fr.MAX_HEADER_LIST)
+    for headers, size, indexed in blocks:
+        if size is not None:
+            enc.header_table_size = size
+        if indexed:
+            block = enc.encode(headers)
+        else:
+            block = enc.encode([hpack.NeverIndexedHeaderTuple(k, v) for k, v in headers])
+        assert ours.decode(block) == reference.decode(block, raw=True) == headers
+        for _ in range(2):  # the server answers the same again: now references, same bytes
+            again = enc.encode(headers)
+            assert ours.decode(again) == reference.decode(again, raw=True) == headers

@@ -45,6 +45,17 @@ _SHARED_ORIGIN_DOMAINS: Final = frozenset(
 )
 _USER_AGENT: Final = "trio-swe-e2b/0.1"
 
+#: envd's keepalive interval on the purpose-built HTTP/2 client: the official SDK's 50 s. Below
+#: the 60 s idle timeout common in proxies (nginx, AWS ALB), and E2B's edge carries streams this
+#: quiet for the SDK. That client judges silence per connection (a stream's watchdog first syncs
+#: the connection with a PING) and finds a dead connection by its own PINGs (within
+#: ``ping_interval_for + ping_timeout_for``, 60 s), so keepalives only keep intermediaries from
+#: cutting idle streams; at 10,000 streams, 15 s of them were ~20 % of a core, 50 s ~6 %.
+H2_KEEPALIVE_SEC: Final = 50.0
+#: The httpx path cannot sync a connection: its per-stream watchdog (2.5 x this + 1 s) is what
+#: finds a dead stream or connection, so it keeps the shorter interval.
+HTTPX_KEEPALIVE_SEC: Final = 15.0
+
 
 def _env_bool(name: str) -> bool:
     return os.environ.get(name, "false").strip().lower() in ("1", "true", "yes")
@@ -103,7 +114,9 @@ class E2BBackend(trio.abc.AsyncResource):
         streams_per_connection: concurrent streams per HTTP/2 connection (E2B's edge allows 100).
         max_connections: connections per origin.
         keepalive_interval: seconds between envd keepalive events on streams; a stream silent
-            for 2.5 times that is treated as dead and re-attached.
+            for 2.5 times that (+ 1 s) is re-attached (on the h2 client: once a PING showed the
+            connection itself is not behind). Default: 50 s on the h2 client (the SDK's), 15 s
+            on httpx (see :data:`H2_KEEPALIVE_SEC`).
         retry_policy: attempts and backoff of transient failures.
         request_timeout: bound on one unary request or file transfer.
         max_output_bytes: ``exec`` keeps the last this many bytes of output.
@@ -131,7 +144,7 @@ class E2BBackend(trio.abc.AsyncResource):
         h2c: bool = False,
         streams_per_connection: int = DEFAULT_STREAMS_PER_CONNECTION,
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
-        keepalive_interval: float = 15.0,
+        keepalive_interval: float | None = None,
         retry_policy: RetryPolicy | None = None,
         request_timeout: float = 60.0,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
@@ -152,7 +165,9 @@ class E2BBackend(trio.abc.AsyncResource):
         self.sandbox_url = url.rstrip("/") if url else None
         if not self.debug and not self.api_key:
             raise ConfigError("E2BBackend needs an API key: pass api_key= or set E2B_API_KEY")
-        if keepalive_interval <= 0 or not math.isfinite(keepalive_interval):
+        if keepalive_interval is not None and not (
+            keepalive_interval > 0 and math.isfinite(keepalive_interval)
+        ):
             raise ConfigError(f"keepalive_interval must be positive, got {keepalive_interval}")
         if verify is None:
             verify = os.environ.get("SSL_CERT_FILE") or True
@@ -202,8 +217,8 @@ class E2BBackend(trio.abc.AsyncResource):
                     streams_per_connection=self._per_conn,
                     max_connections=self._max_conns,
                     headers={"user-agent": _USER_AGENT},
-                    ping_interval=ping_interval_for(self._keepalive),
-                    ping_timeout=ping_timeout_for(self._keepalive),
+                    ping_interval=ping_interval_for(self._keepalive_for(pool_is_h2=True)),
+                    ping_timeout=ping_timeout_for(self._keepalive_for(pool_is_h2=True)),
                 )
             else:
                 pool = ConnectionPool(
@@ -217,6 +232,11 @@ class E2BBackend(trio.abc.AsyncResource):
                 )
             self._pools[key] = pool
         return pool
+
+    def _keepalive_for(self, *, pool_is_h2: bool) -> float:
+        if self._keepalive is not None:
+            return self._keepalive
+        return H2_KEEPALIVE_SEC if pool_is_h2 else HTTPX_KEEPALIVE_SEC
 
     def _rest(self) -> RestClient:
         return RestClient(
@@ -289,13 +309,14 @@ class E2BBackend(trio.abc.AsyncResource):
         headers = {"e2b-sandbox-id": sandbox_id, "e2b-sandbox-port": str(ENVD_PORT)}
         if token:
             headers["x-access-token"] = token
+        pool = self._pool(self.envd_url(sandbox_id, domain), envd=True)
         envd = EnvdClient(
-            self._pool(self.envd_url(sandbox_id, domain), envd=True),
+            pool,
             headers,
             policy=self._policy,
             stats=self._stats,
             rng=self._rng,
-            keepalive_interval=self._keepalive,
+            keepalive_interval=self._keepalive_for(pool_is_h2=isinstance(pool, H2Pool)),
             request_timeout=self._request_timeout,
         )
         self._live.add(sandbox_id)

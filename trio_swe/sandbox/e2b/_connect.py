@@ -15,7 +15,7 @@ This module only turns bytes into values and back; the client (``_envd.py``) and
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
@@ -140,13 +140,25 @@ class EnvelopeDecoder:
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Envelope]:
         """Add bytes; return every envelope now complete, in order."""
-        self._buf += data
-        return list(self._drain())
-
-    def _drain(self) -> Iterator[Envelope]:
         buf = self._buf
+        if buf:
+            buf += data
+            envelopes, pos = self._split(buf)
+            del buf[:pos]
+        else:
+            # The usual case: nothing held back, so parse the chunk where it is (no copy into
+            # the buffer) and keep only an incomplete tail.
+            envelopes, pos = self._split(data)
+            if pos < len(data):
+                buf += memoryview(data)[pos:]
+        return envelopes
+
+    def _split(self, buf: bytes | bytearray | memoryview) -> tuple[list[Envelope], int]:
+        """The complete envelopes at the start of ``buf`` and where the rest begins."""
+        out: list[Envelope] = []
         pos = 0
-        while len(buf) - pos >= HEADER_SIZE:
+        size = len(buf)
+        while size - pos >= HEADER_SIZE:
             flags, length = _HEADER.unpack_from(buf, pos)
             if length > self._max:
                 raise ProtocolError(f"envelope of {length} bytes exceeds {self._max}")
@@ -154,12 +166,11 @@ class EnvelopeDecoder:
                 # We never advertise an encoding, so a compressed envelope is a protocol error.
                 raise ProtocolError("compressed envelope without negotiated encoding")
             end = pos + HEADER_SIZE + length
-            if len(buf) < end:
+            if size < end:
                 break
-            yield Envelope(flags, bytes(buf[pos + HEADER_SIZE : end]))
+            out.append(Envelope(flags, bytes(buf[pos + HEADER_SIZE : end])))
             pos = end
-        if pos:
-            del buf[:pos]
+        return out, pos
 
     @property
     def buffered(self) -> int:
@@ -240,12 +251,41 @@ class Request(msgspec.Struct, frozen=True):
     body: bytes
 
 
+#: The fixed headers of a server-streaming call (:func:`stream_request`'s), as HTTP/2 wants
+#: them: lowercase names and values in bytes, built once (a client adds its own and, with a
+#: deadline, :func:`timeout_header`).
+STREAM_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
+    (b"connect-protocol-version", PROTOCOL_VERSION.encode()),
+    (b"content-type", CONTENT_TYPE_STREAM_JSON.encode()),
+    (b"connect-accept-encoding", b"identity"),
+    (b"connect-content-encoding", b"identity"),
+)
+#: The fixed headers of a unary call (:func:`unary_request`'s), in bytes.
+UNARY_HEADERS: Final[tuple[tuple[bytes, bytes], ...]] = (
+    (b"connect-protocol-version", PROTOCOL_VERSION.encode()),
+    (b"content-type", CONTENT_TYPE_UNARY_JSON.encode()),
+)
+
+
+def _check_timeout_ms(timeout_ms: int) -> str:
+    if timeout_ms <= 0 or timeout_ms >= 10**10:
+        raise ValueError(f"Connect-Timeout-Ms must be 1..9999999999, got {timeout_ms}")
+    return str(int(timeout_ms))
+
+
+def timeout_header(timeout_ms: int) -> tuple[bytes, bytes]:
+    """``Connect-Timeout-Ms`` in bytes (the server ends the call when it elapses).
+
+    Raises:
+        ValueError: not 1 to 9,999,999,999 ms.
+    """
+    return (b"connect-timeout-ms", _check_timeout_ms(timeout_ms).encode())
+
+
 def _base_headers(timeout_ms: int | None, extra: Mapping[str, str] | None) -> dict[str, str]:
     headers = {"connect-protocol-version": PROTOCOL_VERSION}
     if timeout_ms is not None:
-        if timeout_ms <= 0 or timeout_ms >= 10**10:
-            raise ValueError(f"Connect-Timeout-Ms must be 1..9999999999, got {timeout_ms}")
-        headers["connect-timeout-ms"] = str(int(timeout_ms))
+        headers["connect-timeout-ms"] = _check_timeout_ms(timeout_ms)
     if extra:
         headers.update(extra)
     return headers

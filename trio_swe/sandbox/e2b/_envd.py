@@ -13,7 +13,8 @@ from __future__ import annotations
 import base64
 import math
 import random
-from collections.abc import AsyncIterator, Mapping
+from collections import deque
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Final, TypeVar
 from urllib.parse import quote
@@ -38,6 +39,12 @@ T = TypeVar("T")
 ENVD_PORT: Final = 49983
 PROCESS_SERVICE: Final = "process.Process"
 FILESYSTEM_SERVICE: Final = "filesystem.Filesystem"
+_PROCESS_PATHS: Final = {
+    m: _connect.procedure_path(PROCESS_SERVICE, m).encode() for m in ("Start", "Connect")
+}
+#: Longest wait for a Start's response headers before the connection is synced (the value a
+#: 15 s keepalive gave).
+_HEADERS_TIMEOUT_CAP: Final = 38.5
 
 
 def _encode_headers(headers: Mapping[str, str]) -> list[tuple[bytes, bytes]]:
@@ -49,30 +56,46 @@ def basic_user(user: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
 
 
+class DeadlinePassed(Exception):
+    """The caller's own deadline (``not_after``) passed while a stream was awaited.
+
+    The wait ends without a cancel scope of its own (a scope per exec cost more than the
+    HTTP/2 work of a short one): the caller reads this as its deadline, not as a failure of
+    the stream."""
+
+
 class EventStream:
     """The events of one ``Start``/``Connect`` server stream, read with an idle watchdog."""
 
     def __init__(self, exchange: Exchange, idle_timeout: float) -> None:
         self._ex = exchange
         self._decoder = _connect.EnvelopeDecoder()
-        self._pending: list[_connect.Envelope] = []
+        self._pending: deque[_connect.Envelope] = deque()
         self._idle = idle_timeout
         self.finished = False
 
-    async def next_event(self) -> _wire.ProcessEvent | None:
+    async def next_event(
+        self, not_after: float = math.inf, *, shield: bool = False
+    ) -> _wire.ProcessEvent | None:
         """The next event; ``None`` after a clean end-of-stream.
+
+        ``not_after``: the caller's deadline (then :class:`DeadlinePassed`); ``shield``:
+        cancellation does not interrupt the wait (it takes effect at the caller's next
+        checkpoint), as in a shielded cancel scope.
 
         Raises:
             ConnectError: the end-of-stream message carried an error.
             ProtocolError: the body ended without an end-of-stream message, or mid-envelope.
             StreamIdleTimeout: nothing arrived for ``idle_timeout`` seconds.
+            DeadlinePassed: ``not_after`` passed first.
         """
+        pending = self._pending
         while True:
-            while self._pending:
-                env = self._pending.pop(0)
-                if env.end_stream:
+            while pending:
+                env = pending.popleft()
+                if env.flags & _connect.FLAG_END_STREAM:
                     self.finished = True
-                    await self._drain()
+                    await self._drain(not_after, shield)
                     err = _connect.end_stream_error(_connect.parse_end_stream(env.payload))
                     if err is not None:
                         raise err
@@ -82,17 +105,17 @@ class EventStream:
                     return msg.event
             if self.finished:
                 return None
-            chunk = self._ex.receive_nowait()  # no watchdog scope for what is already here
+            chunk = self._ex.receive_nowait()  # no watchdog for what is already here
             if chunk is None:
-                chunk = await self._receive_watched()
-            else:
+                chunk = await self._receive_watched(not_after, shield)
+            elif not shield:
                 await trio.lowlevel.checkpoint_if_cancelled()
             if not chunk:
                 self._decoder.check_complete()
                 raise _connect.ProtocolError("stream ended without an end-of-stream message")
-            self._pending = self._decoder.feed(chunk)
+            pending.extend(self._decoder.feed(chunk))
 
-    async def _receive_watched(self) -> bytes:
+    async def _receive_watched(self, not_after: float, shield: bool) -> bytes:
         """The next chunk; raises once the stream (not its connection) was silent too long.
 
         The watchdog firing proves nothing by itself: a starved event loop reads its sockets
@@ -105,19 +128,26 @@ class EventStream:
         while True:
             news = ex.news
             deadline = trio.current_time() + self._idle
-            chunk = await ex.receive_by(deadline)
+            chunk = await ex.receive_by(min(deadline, not_after), shield=shield)
             if chunk is not None:
                 return chunk
-            if await ex.silent_since(news, deadline):
+            if trio.current_time() >= not_after:
+                raise DeadlinePassed
+            # The watchdog fired (rare): the sync is bounded by the caller's deadline.
+            with trio.CancelScope(shield=shield, deadline=not_after) as scope:
+                silent = await ex.silent_since(news, deadline)
+            if scope.cancelled_caught:
+                raise DeadlinePassed
+            if silent:
                 if ex.confirms_silence:
                     raise StreamSilent(f"stream silent for {self._idle:.1f} s on a live connection")
                 raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
             chunk = ex.receive_nowait()
             if chunk is not None:
                 return chunk
-            # Otherwise the news was a failure: the next receive() raises it.
+            # Otherwise the news was a failure: the next receive raises it.
 
-    async def _drain(self) -> None:
+    async def _drain(self, not_after: float, shield: bool) -> None:
         """Read the body to its end after the end-of-stream message (normally nothing is left).
 
         The HTTP/2 end of the stream usually follows at once: reading it means the close
@@ -128,9 +158,9 @@ class EventStream:
             pass
         if chunk == b"":
             return  # ended already (the usual case on HTTP/2): no watchdog needed
-        deadline = trio.current_time() + self._idle
+        deadline = min(trio.current_time() + self._idle, not_after)
         try:
-            while await self._ex.receive_by(deadline):
+            while await self._ex.receive_by(deadline, shield=shield):
                 pass
         except (httpx.TransportError, httpx.StreamError):
             pass
@@ -188,13 +218,32 @@ class EnvdClient:
         self.rng = rng
         self.keepalive_interval = keepalive_interval
         self.idle_timeout = keepalive_interval * 2.5 + 1.0
-        self.headers_timeout = max(self.idle_timeout, 15.0)
+        # The response headers of a Start come when envd started the process, not with a
+        # keepalive: a loaded sandbox gets at least 15 s, a long keepalive does not stretch it
+        # (a shielded Start waits this long at most before syncing the connection).
+        self.headers_timeout = min(max(self.idle_timeout, 15.0), _HEADERS_TIMEOUT_CAP)
         self.request_timeout = request_timeout
         self.rpcs = 0
         self.resets = 0
-        self._stream_extra = _encode_headers(
-            {"keepalive-ping-interval": str(max(1, round(keepalive_interval)))}
-        )
+        # Every request's headers as HTTP/2 sends them, built once: the sandbox's routing and
+        # auth, then Connect's fixed headers (and the keepalive we ask for, on streams).
+        keepalive = (b"keepalive-ping-interval", str(max(1, round(keepalive_interval))).encode())
+        self._stream_headers = [*self._headers, keepalive, *_connect.STREAM_HEADERS]
+        self._unary_headers = [*self._headers, *_connect.UNARY_HEADERS]
+        self._auth: dict[str, tuple[bytes, bytes]] = {}
+        #: A stream request's headers by (user, Connect-Timeout-Ms): execs repeat a few.
+        self._stream_headers_for: dict[
+            tuple[str | None, int | None], list[tuple[bytes, bytes]]
+        ] = {}
+
+    def _user(self, user: str) -> tuple[bytes, bytes]:
+        """The ``authorization`` header that selects ``user`` (cached per user)."""
+        header = self._auth.get(user)
+        if header is None:
+            if len(self._auth) > 64:
+                self._auth.clear()
+            header = self._auth[user] = (b"authorization", basic_user(user).encode())
+        return header
 
     # --- plumbing ------------------------------------------------------------------------
 
@@ -205,6 +254,7 @@ class EnvdClient:
         *,
         content: bytes | None = None,
         headers: Mapping[str, str] | None = None,
+        raw_headers: Sequence[tuple[bytes, bytes]] | None = None,
         idempotent: bool,
         ok: tuple[int, ...] = (200,),
         shield: bool = False,
@@ -212,7 +262,8 @@ class EnvdClient:
     ) -> Answer:
         """One plain HTTP request (files, health, unary RPCs) with retries; body read.
 
-        See :func:`~._pool.fetch` (``shield``: a sent attempt runs to its answer; ``limit``:
+        ``headers``: more headers than the sandbox's own; ``raw_headers`` instead: the
+        request's complete headers as HTTP/2 sends them (built once by the callers here). See :func:`~._pool.fetch` (``shield``: a sent attempt runs to its answer; ``limit``:
         read at most ``limit + 1`` bytes of the body).
 
         Raises:
@@ -222,7 +273,7 @@ class EnvdClient:
             self.pool,
             method,
             path,
-            headers=self._headers + _encode_headers(headers) if headers else self._headers,
+            headers=raw_headers or self._with(*_encode_headers(headers or {})),
             body=content,
             ok=ok,
             idempotent=idempotent,
@@ -235,6 +286,32 @@ class EnvdClient:
             limit=limit,
         )
 
+    def _with(self, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+        """The sandbox's headers and ``extra``."""
+        return [*self._headers, *extra]
+
+    async def _unary(
+        self,
+        service: str,
+        method: str,
+        message: msgspec.Struct,
+        response_type: type[T],
+        *,
+        idempotent: bool,
+        user: str | None = None,
+    ) -> T:
+        headers = self._unary_headers
+        if user:
+            headers = [*headers, self._user(user)]
+        resp = await self.request(
+            "POST",
+            _connect.procedure_path(service, method),
+            content=_wire.encode(message),
+            raw_headers=headers,
+            idempotent=idempotent,
+        )
+        return _wire.decode(resp.content, response_type)
+
     async def unary(
         self,
         method: str,
@@ -245,14 +322,9 @@ class EnvdClient:
         user: str | None = None,
     ) -> T:
         """A unary Connect call to ``process.Process/<method>``."""
-        extra = {"authorization": basic_user(user)} if user else {}
-        req = _connect.unary_request(
-            _connect.procedure_path(PROCESS_SERVICE, method), _wire.encode(message), headers=extra
+        return await self._unary(
+            PROCESS_SERVICE, method, message, response_type, idempotent=idempotent, user=user
         )
-        resp = await self.request(
-            "POST", req.path, content=req.body, headers=req.headers, idempotent=idempotent
-        )
-        return _wire.decode(resp.content, response_type)
 
     @asynccontextmanager
     async def open_stream(
@@ -268,23 +340,28 @@ class EnvdClient:
         """Open one ``process.Process/<method>`` server stream (one attempt, no retry).
 
         ``shield``: sending the request and waiting for the response headers is not
-        interrupted by cancellation (bounded by the idle timeout), so a caller that is
+        interrupted by cancellation (bounded by the headers timeout), so a caller that is
         cancelled knows whether its ``Start`` reached envd. ``not_after`` caps that wait: the
         caller's own deadline is never overrun by a shielded wait.
 
         Failures raised inside the block carry our HTTP/2 stream id (for the GOAWAY rule) and
         retire the connection when the retry table says so.
         """
-        extra: dict[str, str] = {}
-        if user:
-            extra["authorization"] = basic_user(user)
-        req = _connect.stream_request(
-            _connect.procedure_path(PROCESS_SERVICE, method),
-            _wire.encode(message),
-            timeout_ms=timeout_ms,
-            headers=extra,
+        key = (user, timeout_ms)
+        headers = self._stream_headers_for.get(key)
+        if headers is None:
+            headers = [*self._stream_headers]
+            if user:
+                headers.append(self._user(user))
+            if timeout_ms is not None:
+                headers.append(_connect.timeout_header(timeout_ms))
+            if len(self._stream_headers_for) > 64:
+                self._stream_headers_for.clear()
+            self._stream_headers_for[key] = headers
+        body = _connect.encode_envelope(_wire.encode(message))
+        path = (
+            _PROCESS_PATHS.get(method) or _connect.procedure_path(PROCESS_SERVICE, method).encode()
         )
-        headers = self._headers + self._stream_extra + _encode_headers(req.headers)
         self.rpcs += 1
         ex: Exchange | None = None
         stream_id: int | None = None
@@ -293,27 +370,33 @@ class EnvdClient:
             # Response headers come once envd started the process: give a loaded sandbox
             # more time than a silent stream gets.
             due = trio.current_time() + self.headers_timeout
-            path = req.path.encode()
-            ex = self.pool.open_nowait(b"POST", path, headers, req.body)
+            ex = self.pool.open_nowait(b"POST", path, headers, body)
             if ex is None:
                 with trio.CancelScope(shield=shield, deadline=min(due, not_after)):
-                    ex = await self.pool.open(b"POST", path, headers, req.body)
+                    ex = await self.pool.open(b"POST", path, headers, body)
             if ex is not None:
                 stream_id = ex.stream_id
                 status = await _await_headers(ex, due, not_after, shield)
             if ex is None or not status:
-                if ex is not None and ex.confirms_silence and trio.current_time() < not_after:
+                if trio.current_time() >= not_after:
+                    raise DeadlinePassed  # the caller's deadline, not the stream's failure
+                if ex is not None and ex.confirms_silence:
                     raise StreamSilent("no response headers, on a live connection")
                 raise StreamIdleTimeout("no response headers")
             if status != 200:
-                body = await ex.read_all()
+                with trio.CancelScope(deadline=not_after) as scope:  # an error answer: rare
+                    content = await ex.read_all()
+                if scope.cancelled_caught:
+                    raise DeadlinePassed
                 raise _connect.error_from_response(
                     status,
-                    body,
+                    content,
                     content_type=ex.header("content-type"),
                     retry_after=ex.header("retry-after"),
                 )
             yield EventStream(ex, self.idle_timeout)
+        except DeadlinePassed:
+            raise
         except Exception as exc:
             if stream_id is not None:
                 setattr(exc, STREAM_ID_ATTR, stream_id)
@@ -369,10 +452,9 @@ class EnvdClient:
             "POST",
             f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}",
             content=data,
-            headers={
-                "content-type": "application/octet-stream",
-                "authorization": basic_user(user),
-            },
+            raw_headers=self._with(
+                (b"content-type", b"application/octet-stream"), self._user(user)
+            ),
             idempotent=True,
             shield=True,
         )
@@ -382,22 +464,22 @@ class EnvdClient:
         resp = await self.request(
             "GET",
             f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}",
-            headers={"authorization": basic_user(user), "accept-encoding": "identity"},
+            raw_headers=self._with(self._user(user), (b"accept-encoding", b"identity")),
             idempotent=True,
         )
         return resp.content
 
     async def stat(self, path: str, *, user: str) -> _wire.EntryInfo:
         """``filesystem.Filesystem/Stat``; raises ConnectError (``not_found`` when missing)."""
-        req = _connect.unary_request(
-            _connect.procedure_path(FILESYSTEM_SERVICE, "Stat"),
-            _wire.encode(_wire.StatRequest(path=path)),
-            headers={"authorization": basic_user(user)},
+        resp = await self._unary(
+            FILESYSTEM_SERVICE,
+            "Stat",
+            _wire.StatRequest(path=path),
+            _wire.StatResponse,
+            idempotent=True,
+            user=user,
         )
-        resp = await self.request(
-            "POST", req.path, content=req.body, headers=req.headers, idempotent=True
-        )
-        entry = _wire.decode(resp.content, _wire.StatResponse).entry
+        entry = resp.entry
         if entry is None:
             raise _connect.ProtocolError(f"Stat {path}: the answer has no entry")
         return entry
@@ -410,13 +492,13 @@ class EnvdClient:
         Asks for ``Range: bytes=0-<limit>`` (envd serves ranges) and stops reading the body
         past the limit whatever the server sends, so memory stays bounded either way.
         """
-        extra = {"authorization": basic_user(user), "accept-encoding": "identity"}
+        extra = self._with(self._user(user), (b"accept-encoding", b"identity"))
         if limit is not None:
-            extra["range"] = f"bytes=0-{limit}"
+            extra.append((b"range", f"bytes=0-{limit}".encode()))
         resp = await self.request(
             "GET",
             f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}",
-            headers=extra,
+            raw_headers=extra,
             idempotent=True,
             ok=(200, 206, 416),  # 416: a range of an empty file
             limit=limit,

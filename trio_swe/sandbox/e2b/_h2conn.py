@@ -508,23 +508,25 @@ class H2Stream:
             await trio.lowlevel.checkpoint_if_cancelled()
         return True
 
-    async def receive_by(self, deadline: float) -> bytes | None:
+    async def receive_by(self, deadline: float, *, shield: bool = False) -> bytes | None:
         """The next chunk of the response body, ``b""`` at its end; None when ``deadline``
-        passed first."""
+        passed first. ``shield``: cancellation does not interrupt the wait."""
         while True:
             if self._chunks:
                 data, flow = self._chunks.popleft()
                 self._conn._consumed(self.stream_id, flow)
-                await trio.lowlevel.checkpoint_if_cancelled()
+                if not shield:
+                    await trio.lowlevel.checkpoint_if_cancelled()
                 return data
             if self._ended:
-                await trio.lowlevel.checkpoint_if_cancelled()
+                if not shield:
+                    await trio.lowlevel.checkpoint_if_cancelled()
                 return b""
             if self._error is not None:
                 raise self._error
             if deadline < math.inf and trio.current_time() >= deadline:
                 return None
-            await self._wait(deadline)
+            await self._wait(deadline, shield)
 
     async def receive(self) -> bytes:
         """The next chunk of the response body; ``b""`` at its end."""
@@ -1137,11 +1139,14 @@ def split_origin(origin: str) -> tuple[str, str, int]:
 
 
 def ping_interval_for(keepalive: float) -> float:
-    """PING a silent connection well after envd's own keepalives would have arrived."""
-    return max(10.0, 3 * keepalive) if math.isfinite(keepalive) else 30.0
+    """PING a silent connection after envd's own keepalives would have arrived, but within
+    30 s whatever the keepalive interval: the PING, not the keepalives, finds a dead
+    connection (one PING per silent connection, where keepalives are one event per stream)."""
+    return min(30.0, max(10.0, 3 * keepalive)) if math.isfinite(keepalive) else 30.0
 
 
 def ping_timeout_for(keepalive: float) -> float:
     """A connection that carries envd streams hears a keepalive every ``keepalive`` s: one
-    silent for twice that after a PING is dead (never less than 5 s, for a loaded peer)."""
-    return max(5.0, 2 * keepalive) if math.isfinite(keepalive) else 30.0
+    silent for twice that after a PING is dead (never less than 5 s, for a loaded peer; never
+    more than 30 s: a PING's answer does not wait for a keepalive)."""
+    return min(30.0, max(5.0, 2 * keepalive)) if math.isfinite(keepalive) else 30.0

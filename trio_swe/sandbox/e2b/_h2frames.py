@@ -135,6 +135,59 @@ def frame(
     return _HEADER.pack(n >> 8, n & 0xFF, kind, flags, stream_id) + payload
 
 
+class RepeatDecoder:
+    """hpack's decoder, which skips decoding a header block it decoded before when the peer's
+    dynamic table has not changed since.
+
+    A server answers every request of a route with the same headers, which after the first
+    answer are all references to its dynamic table: the same bytes, decoded to the same list,
+    each costing more than the rest of a short response (hpack logs, checks and builds tuples
+    per header). A block whose decoding left the table as it was (no insertion, no size change)
+    is remembered; any change to the table forgets them all (a reference may now mean another
+    header). The table is taken as unchanged when its length, its size limit and the identity
+    of its newest entry are: every insertion puts a new entry first.
+    """
+
+    def __init__(self) -> None:
+        self._hpack = Decoder(max_header_list_size=MAX_HEADER_LIST)
+        self._hpack.max_allowed_table_size = 4096  # SETTINGS_HEADER_TABLE_SIZE, ours
+        self._table = self._hpack.header_table
+        self._seen: dict[bytes, list[tuple[bytes, bytes]]] = {}
+        self._state = self._table_state()
+        self.repeats = 0  # blocks not decoded again
+
+    def _table_state(self) -> tuple[int, object, int]:
+        entries = self._table.dynamic_entries
+        return len(entries), entries[0] if entries else None, self._table.maxsize
+
+    def _unchanged(self, state: tuple[int, object, int]) -> bool:
+        now = self._table_state()
+        return now[0] == state[0] and now[1] is state[1] and now[2] == state[2]
+
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """The headers of ``block`` (do not modify the list: it may be handed out again).
+
+        Raises:
+            HPACKError: a malformed block, or one the table cannot resolve.
+        """
+        if not self._unchanged(self._state):  # a failed decode may have changed it
+            self._seen.clear()
+            self._state = self._table_state()
+        headers = self._seen.get(block)
+        if headers is not None:
+            self.repeats += 1
+            return headers
+        headers = cast(list[tuple[bytes, bytes]], self._hpack.decode(block, raw=True))
+        if self._unchanged(self._state):
+            if len(self._seen) >= 64:
+                self._seen.clear()
+            self._seen[block] = headers
+        else:
+            self._seen.clear()
+            self._state = self._table_state()
+        return headers
+
+
 class ClientConnection:
     """A client HTTP/2 connection's protocol state; bytes in, calls out, bytes to send.
 
@@ -153,8 +206,7 @@ class ClientConnection:
         self._handler = handler
         self._out = bytearray()
         self._buf = b""
-        self._decoder = Decoder(max_header_list_size=MAX_HEADER_LIST)
-        self._decoder.max_allowed_table_size = 4096  # SETTINGS_HEADER_TABLE_SIZE, ours
+        self._decoder = RepeatDecoder()
         self._streams: dict[int, _Stream] = {}
         self._next_id = 1
         # The header block being received: stream id, END_STREAM of its HEADERS, fragments.
@@ -442,7 +494,7 @@ class ClientConnection:
     def _on_block(self, sid: int, end: bool, block: bytes) -> None:
         # Decoded even for a closed stream: the peer's dynamic table changes either way.
         try:
-            headers = cast(list[tuple[bytes, bytes]], self._decoder.decode(block, raw=True))
+            headers = self._decoder.decode(block)
         except HPACKError as exc:
             raise H2ProtocolError(COMPRESSION_ERROR, f"bad header block: {exc}") from exc
         s = self._streams.get(sid)

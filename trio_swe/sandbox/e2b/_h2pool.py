@@ -45,8 +45,8 @@ class H2Exchange:
     async def receive(self) -> bytes:
         return await self.stream.receive()
 
-    async def receive_by(self, deadline: float) -> bytes | None:
-        return await self.stream.receive_by(deadline)
+    async def receive_by(self, deadline: float, *, shield: bool = False) -> bytes | None:
+        return await self.stream.receive_by(deadline, shield=shield)
 
     def receive_nowait(self) -> bytes | None:
         return self.stream.receive_nowait()

@@ -141,8 +141,9 @@ class Exchange(Protocol):
 
     async def receive(self) -> bytes: ...
 
-    async def receive_by(self, deadline: float) -> bytes | None:
-        """:meth:`receive`, or None when ``deadline`` passed first."""
+    async def receive_by(self, deadline: float, *, shield: bool = False) -> bytes | None:
+        """:meth:`receive`, or None when ``deadline`` passed first. ``shield``: cancellation
+        does not interrupt the wait (it takes effect after it)."""
         ...
 
     def receive_nowait(self) -> bytes | None:
@@ -229,8 +230,8 @@ class HttpxExchange:
         except StopAsyncIteration:
             return b""
 
-    async def receive_by(self, deadline: float) -> bytes | None:
-        with trio.move_on_at(deadline):
+    async def receive_by(self, deadline: float, *, shield: bool = False) -> bytes | None:
+        with trio.CancelScope(deadline=deadline, shield=shield):
             return await self.receive()
         return None
 
@@ -638,8 +639,9 @@ async def fetch(
 ) -> Answer:
     """One plain request (REST, files, health, unary RPCs) with retries; the body read whole.
 
-    Each attempt is bounded by ``timeout`` with a cancel scope, not a read timeout: on HTTP/2
-    the connection's other streams keep the socket busy, so a hung request never times out.
+    Each attempt is bounded by ``timeout`` (a deadline on each wait, or a cancel scope around
+    an ``open`` that must wait), not a read timeout: on HTTP/2 the connection's other streams
+    keep the socket busy, so a hung request never times out.
     ``shield``: an attempt, once sent, runs to its answer (still bounded by ``timeout``) even if
     the caller is cancelled, so a cancelled mutation cannot land after the caller cleaned up;
     cancellation takes effect between attempts. A failure the retry table marks ``reset_pool``
@@ -656,18 +658,15 @@ async def fetch(
         ex: Exchange | None = None
         answer: Answer | None = None
         try:
-            with trio.CancelScope(shield=shield, deadline=trio.current_time() + timeout):
-                ex = await transport.open(bmethod, bpath, headers, body)
-                await ex.receive_headers()
-                if limit is None or ex.status not in ok:
-                    answer = Answer(ex.status, await ex.read_all(), ex)
-                else:
-                    buf = bytearray()
-                    while chunk := await ex.receive():
-                        buf += chunk
-                        if len(buf) > limit:
-                            break
-                    answer = Answer(ex.status, bytes(buf[: limit + 1]), ex, len(buf) > limit)
+            deadline = trio.current_time() + timeout
+            ex = transport.open_nowait(bmethod, bpath, headers, body)
+            if ex is not None:
+                # Sent without waiting (the h2 client): the waits carry the deadline, no scope.
+                answer = await _answer(ex, ok, limit, deadline, shield)
+            else:
+                with trio.CancelScope(shield=shield, deadline=deadline):
+                    ex = await transport.open(bmethod, bpath, headers, body)
+                    answer = await _answer(ex, ok, limit)
             if answer is None:
                 raise StreamIdleTimeout(f"{method} {path.split('?')[0]} timed out")
         except Exception as exc:
@@ -689,3 +688,28 @@ async def fetch(
         return answer
 
     return await retry_call(attempt, idempotent=idempotent, policy=policy, stats=stats, rng=rng)
+
+
+async def _answer(
+    ex: Exchange,
+    ok: tuple[int, ...],
+    limit: int | None,
+    deadline: float = math.inf,
+    shield: bool = False,
+) -> Answer | None:
+    """The status and body of ``ex`` (at most ``limit + 1`` bytes of a body in ``ok``), or
+    None when ``deadline`` passed first."""
+    if not await ex.receive_headers(deadline, shield=shield):
+        return None
+    cap = math.inf if limit is None or ex.status not in ok else limit
+    parts = []
+    size = 0
+    while chunk := await ex.receive_by(deadline, shield=shield):
+        parts.append(chunk)
+        size += len(chunk)
+        if size > cap:
+            content = b"".join(parts)
+            return Answer(ex.status, content[: int(cap) + 1], ex, True)
+    if chunk is None:
+        return None
+    return Answer(ex.status, b"".join(parts), ex)

@@ -13,9 +13,9 @@ re-attached result is marked ``output_truncated``.
 from __future__ import annotations
 
 import math
+import secrets
 import shlex
 import signal as _signal
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
@@ -37,9 +37,9 @@ from .._background import PosArgs, start_in
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from . import _connect, _wire
-from ._envd import EnvdClient
+from ._envd import DeadlinePassed, EnvdClient
 from ._rest import RestClient
-from ._retry import RetryStats, StreamIdleTimeout, classify
+from ._retry import RetryStats, classify
 
 #: Seconds past ``timeout`` before the client gives up on envd's own deadline kill.
 _DEADLINE_GRACE: Final = 1.0
@@ -208,8 +208,11 @@ class E2BSandbox:
         envs = {**self._spec.env, **check_env(env)}
         cwd = check_abs_path(cwd or self._spec.workdir, what="cwd")
         self._check_alive()
+        # The Start goes out without waiting (no checkpoint before it): a caller cancelled
+        # already sends nothing.
+        await trio.lowlevel.checkpoint_if_cancelled()
         self._execs += 1
-        tag = f"trio-swe-{uuid.uuid4().hex}"
+        tag = f"trio-swe-{secrets.token_hex(16)}"
         start = _wire.StartRequest(
             process=_wire.ProcessConfig(cmd="/bin/sh", args=["-c", cmd], envs=envs, cwd=cwd),
             tag=tag,
@@ -226,21 +229,18 @@ class E2BSandbox:
         end: _wire.EndEvent | None = None
         timed_out = False
         envd_deadline = False
-        with trio.move_on_at(not_after):
-            try:
-                end = await self._drive(
-                    start, tag, user, timeout_ms, out, run, idempotent, not_after
-                )
-            except _Deadline:
-                timed_out = envd_deadline = True
-            except BaseException as exc:
-                # Cancelled from outside (or failed oddly): envd does not kill a process whose
-                # stream goes away, so kill it by tag before letting go. Our own deadline kills
-                # after the result is in the caller's hands (below).
-                own_deadline = isinstance(exc, trio.Cancelled) and trio.current_time() >= not_after
-                if not isinstance(exc, SandboxError) and not own_deadline:
-                    await self._kill_tag(tag)
-                raise
+        try:
+            end = await self._drive(start, tag, user, timeout_ms, out, run, idempotent, not_after)
+        except _Deadline:
+            timed_out = envd_deadline = True
+        except BaseException as exc:
+            # Cancelled from outside (or failed oddly): envd does not kill a process whose
+            # stream goes away, so kill it by tag before letting go. Our own deadline is not
+            # an exception (``_drive`` returns None): it kills after the result is in the
+            # caller's hands (below).
+            if not isinstance(exc, SandboxError):
+                await self._kill_tag(tag)
+            raise
         elapsed = trio.current_time() - t0
         if end is None and not timed_out:
             timed_out = True  # our backstop fired
@@ -294,12 +294,15 @@ class E2BSandbox:
         run: _Run,
         idempotent: bool,
         not_after: float = math.inf,
-    ) -> _wire.EndEvent:
-        """Start the command, re-attaching by tag through stream failures; return its end.
+    ) -> _wire.EndEvent | None:
+        """Start the command, re-attaching by tag through stream failures; return its end, or
+        None once ``not_after`` passed without it.
 
-        ``not_after`` caps the shielded waits (the caller's deadline over all attempts).
+        ``not_after`` (the caller's deadline over all attempts) bounds every wait: the streams'
+        waits take it as a deadline (no cancel scope per exec: one cost more than the HTTP/2
+        work of a short command), and what follows a failure (the verdict probes, the backoff)
+        runs in a cancel scope with it.
         """
-        policy = self._envd.policy
         mode = "start"  # "start": send Start; "attach": Connect by tag; "probe": is it there?
         probe_is_proof = False
         retry_index = 0  # consecutive failures without progress
@@ -321,16 +324,10 @@ class E2BSandbox:
                 async with self._envd.open_stream(
                     method, msg, user=user, timeout_ms=tmo, shield=starting, not_after=not_after
                 ) as s:
-                    if starting:
-                        # Until envd says "started" (or the stream fails), cancellation waits:
-                        # then the caller's kill-by-tag finds the process. Bounded by the
-                        # stream's idle watchdog and by the caller's own deadline.
-                        with trio.CancelScope(shield=True, deadline=not_after) as waited:
-                            ev = await s.next_event()
-                        if waited.cancelled_caught:
-                            raise StreamIdleTimeout("no start event before the deadline")
-                    else:
-                        ev = await s.next_event()
+                    # Until envd says "started" (or the stream fails), cancellation waits (a
+                    # shielded wait): then the caller's kill-by-tag finds the process. Bounded
+                    # by the stream's idle watchdog and by the caller's own deadline.
+                    ev = await s.next_event(not_after, shield=starting)
                     while ev is not None:
                         progressed = True
                         if ev.data is not None:
@@ -342,67 +339,105 @@ class E2BSandbox:
                             mode = "attach"
                         elif ev.end is not None:
                             run.end = ev.end
-                        ev = await s.next_event()
+                        ev = await s.next_event(not_after)
                 if run.end is None:
                     raise _connect.ProtocolError("stream ended without an end event")
                 return run.end
+            except DeadlinePassed:
+                return run.end  # None unless the exit code arrived just before
             except Exception as exc:
                 if run.end is not None:
                     return run.end  # the exit code arrived; what broke afterwards is moot
-                failure = classify(exc)
-                self._stats.by_kind[failure.kind] = self._stats.by_kind.get(failure.kind, 0) + 1
-                history.append(f"{mode}:{failure.kind}{'+' if progressed else ''}")
-                if isinstance(exc, _connect.ConnectError):
-                    if _gone(exc):
-                        raise await self._infra_error(exc, method) from exc
-                    if exc.code == "deadline_exceeded" and timeout_ms is not None:
-                        raise _Deadline() from exc
-                    if exc.code == "not_found" and mode in ("probe", "attach"):
-                        if mode == "attach":
-                            raise await self._infra_error(exc, "re-attach (process lost)") from exc
-                        # No process carries our tag: the Start did not run it.
-                        if not (probe_is_proof or idempotent):
-                            raise SandboxUnreachableError(
-                                f"sandbox {self._id}: a Start may or may not have reached envd "
-                                f"and the command is not idempotent: {exc}"
-                            ) from exc
-                        mode = "start"
-                    elif mode == "start" and _tag_taken(exc):
-                        # An earlier Start of ours arrived after all (the probe raced it): the
-                        # command runs once already; attach to it instead.
-                        mode = "attach"
-                        run.reattached = True
-                    elif exc.code in _REFUSALS:
-                        # envd itself refused (bad cwd, unknown user...): not a transport fault,
-                        # typed as every backend types it.
-                        what = f"sandbox {self._id}: envd refused {method}"
-                        raise _refusal(exc, what) or SandboxError(f"{what}: {exc}") from exc
-                    elif not failure.transient:
-                        raise await self._infra_error(exc, method) from exc
-                elif not failure.transient:
-                    raise await self._infra_error(exc, method) from exc
-                if mode == "start" and failure.transient:
-                    if run.pid is not None:
-                        mode = "attach"
-                    elif failure.reached:
-                        mode = "probe"
-                        # A complete error answer means the server is done with that request:
-                        # if it then knows no process by our tag, none will appear.
-                        probe_is_proof = isinstance(exc, _connect.ConnectError)
-                if mode != "start":
-                    self._reattaches += 1
-                    run.reattached = run.reattached or run.pid is not None
-                # A stream that delivered events made progress: a long command may be re-attached
-                # many times, only consecutive fruitless attempts count (and an overall cap).
-                retry_index = 1 if progressed else retry_index + 1
-                if retry_index >= policy.max_attempts or attempts >= 20 * policy.max_attempts:
-                    self._stats.gave_up += 1
-                    raise await self._infra_error(
-                        exc, f"{method} after {attempts} attempts ({', '.join(history[-12:])})"
+                with trio.move_on_at(not_after):
+                    mode, probe_is_proof, retry_index = await self._after_failure(
+                        exc,
+                        mode,
+                        method,
+                        probe_is_proof,
+                        retry_index,
+                        attempts,
+                        history,
+                        progressed=progressed,
+                        idempotent=idempotent,
+                        run=run,
+                        timeout_ms=timeout_ms,
                     )
-                self._stats.retries += 1
-                self._retries += 1
-                await trio.sleep(policy.delay(failure, retry_index - 1, self._envd.rng))
+                    continue
+                return None  # our deadline passed while probing or backing off
+
+    async def _after_failure(
+        self,
+        exc: Exception,
+        mode: str,
+        method: str,
+        probe_is_proof: bool,
+        retry_index: int,
+        attempts: int,
+        history: list[str],
+        *,
+        progressed: bool,
+        idempotent: bool,
+        run: _Run,
+        timeout_ms: int | None,
+    ) -> tuple[str, bool, int]:
+        """What a failed attempt of :meth:`_drive` means: raise, or back off and return the
+        next ``(mode, probe_is_proof, retry_index)``."""
+        policy = self._envd.policy
+        failure = classify(exc)
+        self._stats.by_kind[failure.kind] = self._stats.by_kind.get(failure.kind, 0) + 1
+        history.append(f"{mode}:{failure.kind}{'+' if progressed else ''}")
+        if isinstance(exc, _connect.ConnectError):
+            if _gone(exc):
+                raise await self._infra_error(exc, method) from exc
+            if exc.code == "deadline_exceeded" and timeout_ms is not None:
+                raise _Deadline() from exc
+            if exc.code == "not_found" and mode in ("probe", "attach"):
+                if mode == "attach":
+                    raise await self._infra_error(exc, "re-attach (process lost)") from exc
+                # No process carries our tag: the Start did not run it.
+                if not (probe_is_proof or idempotent):
+                    raise SandboxUnreachableError(
+                        f"sandbox {self._id}: a Start may or may not have reached envd "
+                        f"and the command is not idempotent: {exc}"
+                    ) from exc
+                mode = "start"
+            elif mode == "start" and _tag_taken(exc):
+                # An earlier Start of ours arrived after all (the probe raced it): the
+                # command runs once already; attach to it instead.
+                mode = "attach"
+                run.reattached = True
+            elif exc.code in _REFUSALS:
+                # envd itself refused (bad cwd, unknown user...): not a transport fault,
+                # typed as every backend types it.
+                what = f"sandbox {self._id}: envd refused {method}"
+                raise _refusal(exc, what) or SandboxError(f"{what}: {exc}") from exc
+            elif not failure.transient:
+                raise await self._infra_error(exc, method) from exc
+        elif not failure.transient:
+            raise await self._infra_error(exc, method) from exc
+        if mode == "start" and failure.transient:
+            if run.pid is not None:
+                mode = "attach"
+            elif failure.reached:
+                mode = "probe"
+                # A complete error answer means the server is done with that request:
+                # if it then knows no process by our tag, none will appear.
+                probe_is_proof = isinstance(exc, _connect.ConnectError)
+        if mode != "start":
+            self._reattaches += 1
+            run.reattached = run.reattached or run.pid is not None
+        # A stream that delivered events made progress: a long command may be re-attached
+        # many times, only consecutive fruitless attempts count (and an overall cap).
+        retry_index = 1 if progressed else retry_index + 1
+        if retry_index >= policy.max_attempts or attempts >= 20 * policy.max_attempts:
+            self._stats.gave_up += 1
+            raise await self._infra_error(
+                exc, f"{method} after {attempts} attempts ({', '.join(history[-12:])})"
+            )
+        self._stats.retries += 1
+        self._retries += 1
+        await trio.sleep(policy.delay(failure, retry_index - 1, self._envd.rng))
+        return mode, probe_is_proof, retry_index
 
     async def _kill_tag(self, tag: str, bound: float = 10.0) -> bool:
         """Best effort SIGKILL of a command by tag; shielded and bounded. True when sent."""
