@@ -372,3 +372,21 @@ async def test_trash_of_a_dead_process_is_swept_at_start(image: Path, tmp_path: 
         pass
     await backend.aclose()
     assert sorted(p.name for p in (state / "trash").iterdir()) == [mine.name]
+
+
+async def test_passwd_and_group_are_shared_files_rewritten_if_removed(
+    image: Path, tmp_path: Path
+) -> None:
+    state = tmp_path / "state"
+    backend = LocalBackend(state_dir=state)
+    for attempt in range(2):
+        async with open_sandbox(backend, str(image)) as a, open_sandbox(backend, str(image)) as b:
+            for sb in (a, b):
+                users = await sb.exec("getent passwd agent root | cut -d: -f1; id -gn agent")
+                assert users.output == "agent\nroot\nagent\n"
+            (shared,) = [p for p in (state / "shared").iterdir() if p.name.startswith("passwd-")]
+            assert "\nagent:x:" in shared.read_text()
+        if attempt == 0:  # removed behind the backend's back: the next boot writes it again
+            for p in (state / "shared").iterdir():
+                p.unlink()
+    await backend.aclose()

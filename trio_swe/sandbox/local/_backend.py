@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import os
@@ -159,8 +160,11 @@ class LocalBackend(trio.abc.AsyncResource):
         state_dir: where per-sandbox state and cached git checkouts live (default
             ``$TMPDIR/trio_swe-<uid>``).
         workspace: ``"overlay"`` (kernel overlayfs in a private mount namespace; boot does not
-            copy the tree), ``"copy"`` (a full copy per sandbox), or ``"auto"`` (overlay where the
-            kernel allows it, else copy; ``statistics().workspace_mode`` says which).
+            copy the tree; mounted ``volatile`` where the kernel has it, so a kill's unmount
+            does not sync the host's disk, and ``fsync`` in the sandbox does not reach the
+            disk either: nothing of the upper layer outlives the sandbox), ``"copy"`` (a full
+            copy per sandbox), or ``"auto"`` (overlay where the kernel allows it, else copy;
+            ``statistics().workspace_mode`` says which).
         ro_binds: extra read-only mounts, sandbox path -> host path (e.g. shims at
             ``/opt/miniconda3/bin/activate``).
         extra_path: host directories put first on every command's ``PATH`` (e.g. a venv's bin).
@@ -246,6 +250,7 @@ class LocalBackend(trio.abc.AsyncResource):
         # The host root's plan and passwd/group, reused while the host's files are unchanged.
         self._host_root = HostRootCache()
         self._users: tuple[tuple[PathState, PathState], tuple[SandboxUser, str, str]] | None = None
+        self._shared: set[Path] = set()  # files of _shared_file written by this backend
         self._overlay_options = ""  # OVERLAY_VOLATILE once the probe found the kernel has it
         self._counter = itertools.count()
         self._live: set[LocalSandbox] = set()
@@ -386,7 +391,7 @@ class LocalBackend(trio.abc.AsyncResource):
                     self._prepare_oci, state, oci, workdir, spec
                 )
             elif use_overlay:
-                # A few mkdirs and two small writes (the plan and passwd are cached): cheaper
+                # A few mkdirs (the plan and passwd/group are cached): cheaper
                 # here than a thread hop there and back.
                 assert lower is not None
                 argv, users, base_env = self._prepare(state, lower, workdir, spec, True)
@@ -472,13 +477,27 @@ class LocalBackend(trio.abc.AsyncResource):
         self._users = (seen, users) if settled else None
         return users
 
+    def _shared_file(self, name: str, text: str) -> str:
+        """A read-only file with ``text``, shared by the sandboxes that bind it (named by its
+        content under ``<state root>/shared``; written once, atomically): a file created per
+        boot costs a few hundred microseconds on a journaling file system."""
+        data = text.encode()
+        path = self._root / "shared" / f"{name}-{hashlib.sha256(data).hexdigest()[:16]}"
+        if path not in self._shared or not path.is_file():
+            path.parent.mkdir(exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(3).hex()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+            self._shared.add(path)
+        return str(path)
+
     def _prepare(
         self, state: Path, lower: Path, workdir: str, spec: SandboxSpec, use_overlay: bool
     ) -> tuple[list[str], dict[str, Any], dict[str, str]]:
         """Lay out the sandbox's state directory and build the host command that boots it."""
         agent, passwd, group = self._host_users()
-        (state / "passwd").write_text(passwd)
-        (state / "group").write_text(group)
+        passwd_file = self._shared_file("passwd", passwd)
+        group_file = self._shared_file("group", group)
         home = state / "home-agent"
         home.mkdir()
         os.chown(home, agent.uid, agent.gid)
@@ -502,8 +521,8 @@ class LocalBackend(trio.abc.AsyncResource):
             )
 
         mounts: dict[str, tuple[str, str]] = {
-            "/etc/passwd": ("ro-bind", str(state / "passwd")),
-            "/etc/group": ("ro-bind", str(state / "group")),
+            "/etc/passwd": ("ro-bind", passwd_file),
+            "/etc/group": ("ro-bind", group_file),
             ROOT.home: ("bind", str(root_home)),
             agent.home: ("bind", str(home)),
             workdir: ("bind", str(workspace)),

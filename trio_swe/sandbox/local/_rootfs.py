@@ -179,11 +179,14 @@ class HostRootCache:
         self._plan = plan
         self._settle_ns = int(settle_sec * 1e9)
         self._plans: dict[frozenset[str], tuple[tuple[PathState, ...], list[str]]] = {}
+        self._paths: dict[frozenset[str], list[str]] = {}
         self.planned = 0  # how many times the tree was listed (statistics, tests)
 
     def host_args(self, targets: Iterable[str]) -> list[str]:
         key = frozenset(targets)
-        paths = sorted({"/", *key, *(a for t in key for a in _ancestors(t))})
+        paths = self._paths.get(key)
+        if paths is None:  # the paths to look at, once per key (PurePosixPath is slow)
+            paths = self._paths[key] = sorted({"/", *key, *(a for t in key for a in _ancestors(t))})
         t0 = int(self._now() * 1e9)
         seen = tuple(self._state(p) for p in paths)
         hit = self._plans.get(key)
