@@ -95,6 +95,7 @@ async def test_keepalive_defaults_per_client(client: str, keepalive: float) -> N
                 assert sb._envd.keepalive_interval == want
                 assert sb._envd.idle_timeout == 2.5 * want + 1.0
                 assert sb._envd.headers_timeout <= 38.5
+                assert sb._envd.start_timeout == min(2.5 * want + 1.0, 38.5)
                 assert (await sb.exec("echo ok")).output == "ok\n"
                 assert client in {pool.client for pool in backend.statistics().pools}
 

@@ -75,13 +75,14 @@ class EventStream:
         self.finished = False
 
     async def next_event(
-        self, not_after: float = math.inf, *, shield: bool = False
+        self, not_after: float = math.inf, *, shield: bool = False, idle: float | None = None
     ) -> _wire.ProcessEvent | None:
         """The next event; ``None`` after a clean end-of-stream.
 
         ``not_after``: the caller's deadline (then :class:`DeadlinePassed`); ``shield``:
         cancellation does not interrupt the wait (it takes effect at the caller's next
-        checkpoint), as in a shielded cancel scope.
+        checkpoint), as in a shielded cancel scope; ``idle``: this wait's watchdog instead of
+        the stream's ``idle_timeout``.
 
         Raises:
             ConnectError: the end-of-stream message carried an error.
@@ -107,7 +108,7 @@ class EventStream:
                 return None
             chunk = self._ex.receive_nowait()  # no watchdog for what is already here
             if chunk is None:
-                chunk = await self._receive_watched(not_after, shield)
+                chunk = await self._receive_watched(not_after, shield, idle or self._idle)
             elif not shield:
                 await trio.lowlevel.checkpoint_if_cancelled()
             if not chunk:
@@ -115,7 +116,7 @@ class EventStream:
                 raise _connect.ProtocolError("stream ended without an end-of-stream message")
             pending.extend(self._decoder.feed(chunk))
 
-    async def _receive_watched(self, not_after: float, shield: bool) -> bytes:
+    async def _receive_watched(self, not_after: float, shield: bool, idle: float) -> bytes:
         """The next chunk; raises once the stream (not its connection) was silent too long.
 
         The watchdog firing proves nothing by itself: a starved event loop reads its sockets
@@ -127,7 +128,7 @@ class EventStream:
         ex = self._ex
         while True:
             news = ex.news
-            deadline = trio.current_time() + self._idle
+            deadline = trio.current_time() + idle
             chunk = await ex.receive_by(min(deadline, not_after), shield=shield)
             if chunk is not None:
                 return chunk
@@ -140,8 +141,8 @@ class EventStream:
                 raise DeadlinePassed
             if silent:
                 if ex.confirms_silence:
-                    raise StreamSilent(f"stream silent for {self._idle:.1f} s on a live connection")
-                raise StreamIdleTimeout(f"stream silent for {self._idle:.1f} s")
+                    raise StreamSilent(f"stream silent for {idle:.1f} s on a live connection")
+                raise StreamIdleTimeout(f"stream silent for {idle:.1f} s")
             chunk = ex.receive_nowait()
             if chunk is not None:
                 return chunk
@@ -222,6 +223,8 @@ class EnvdClient:
         # keepalive: a loaded sandbox gets at least 15 s, a long keepalive does not stretch it
         # (a shielded Start waits this long at most before syncing the connection).
         self.headers_timeout = min(max(self.idle_timeout, 15.0), _HEADERS_TIMEOUT_CAP)
+        #: The watchdog of a Start's first event (envd's ``start``, sent with the headers).
+        self.start_timeout = min(self.idle_timeout, _HEADERS_TIMEOUT_CAP)
         self.request_timeout = request_timeout
         self.rpcs = 0
         self.resets = 0

@@ -325,9 +325,14 @@ class E2BSandbox:
                     method, msg, user=user, timeout_ms=tmo, shield=starting, not_after=not_after
                 ) as s:
                     # Until envd says "started" (or the stream fails), cancellation waits (a
-                    # shielded wait): then the caller's kill-by-tag finds the process. Bounded
-                    # by the stream's idle watchdog and by the caller's own deadline.
-                    ev = await s.next_event(not_after, shield=starting)
+                    # shielded wait): then the caller's kill-by-tag finds the process. envd
+                    # sends it with the response headers, so it is watched as they are (not
+                    # for a long keepalive's 2.5x), and bounded by the caller's own deadline.
+                    ev = await s.next_event(
+                        not_after,
+                        shield=starting,
+                        idle=self._envd.start_timeout if starting else None,
+                    )
                     while ev is not None:
                         progressed = True
                         if ev.data is not None:
