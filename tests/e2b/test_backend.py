@@ -59,7 +59,7 @@ async def test_timeout_kills_the_command(server_backend: Pair) -> None:
         res = await sb.exec("echo started; sleep 30", timeout=1.0)
         assert (res.exit_code, res.reason) == (-1, "timeout")
         assert res.output == "started\n"
-        assert 1.0 <= res.duration_sec < 5.0
+        assert 1.0 <= res.duration_sec < 25.0  # not the command's 30 s (no tighter: load)
         # The kill's reply can reach us before the server has reaped the process (it counts a
         # process until then): wait for that, under a hang guard, rather than assert at once.
         with trio.fail_after(30):
