@@ -517,3 +517,45 @@ async def test_credit_for_data_read_is_sent_without_waiting_for_the_next_read() 
                 await peer.until(h2.events.WindowUpdated)
         await peer.respond_data(s.stream_id, b"y" * 16384)  # within the credit
         s.close()
+
+
+async def test_tls_stream_reads_a_close_notify_while_the_transport_stays_open() -> None:
+    # TLSStream (ours, over memory BIOs) against trio's SSLStream as the server: what the
+    # server writes arrives whole, and its close_notify is EOF although the transport stays
+    # open. OpenSSL reads records out of the BIO ahead of what it returns, so the close_notify
+    # may sit in the SSL object with both BIO and pending() empty: a read must still be tried
+    # before waiting on the socket (skipping it hung here).
+    import os
+    import ssl
+
+    import trustme
+
+    from trio_swe.sandbox.e2b._h2conn import TLSStream
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("envd.test")
+    server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    cert.configure_cert(server_ctx)
+    client_ctx = ssl.create_default_context()
+    ca.configure_trust(client_ctx)
+    client_raw, server_raw = trio.testing.memory_stream_pair()
+    server = trio.SSLStream(server_raw, server_ctx, server_side=True)
+    client = TLSStream(client_raw, client_ctx, "envd.test")
+    with trio.fail_after(30):  # a hang guard only
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(server.do_handshake)
+            await client.do_handshake()
+        payload = os.urandom(50_000)
+        async with trio.open_nursery() as nursery:
+
+            async def serve() -> None:
+                for i in range(0, len(payload), 7_000):
+                    await server.send_all(payload[i : i + 7_000])
+                await server.unwrap()  # close_notify; the memory stream stays open
+
+            nursery.start_soon(serve)
+            got = bytearray()
+            while chunk := await client.receive_some():
+                got += chunk
+            assert bytes(got) == payload
+            nursery.cancel_scope.cancel()  # its unwrap waits for our close_notify: none comes
