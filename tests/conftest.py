@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from pathlib import Path
 
 import pytest
+import trio
 
 from trio_swe.sandbox import Backend
 from trio_swe.sandbox.local import LocalBackend
@@ -106,6 +107,25 @@ def host_pids_with(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+async def host_pids_gone(marker: str, within: float = 10.0) -> list[int]:
+    """The pids with ``marker`` still there after ``within`` s (``[]`` as soon as none is).
+
+    For processes already sent SIGKILL: a killed process runs no more code, but it stays in
+    ``/proc`` with its command line until the kernel has torn it down, which on a loaded
+    machine can be after the call that killed it returned."""
+    with trio.move_on_after(within):
+        for pid in host_pids_with(marker):
+            try:
+                fd = os.pidfd_open(pid)
+            except ProcessLookupError:
+                continue
+            try:
+                await trio.lowlevel.wait_readable(fd)  # readable once the process has exited
+            finally:
+                os.close(fd)
+    return host_pids_with(marker)
 
 
 def git(repo: Path, *args: str) -> str:

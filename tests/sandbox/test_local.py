@@ -23,7 +23,7 @@ from trio_swe import (
 )
 from trio_swe.sandbox.local import LocalBackend, LocalSandbox
 
-from ..conftest import GitRepoFactory, git, host_pids_with
+from ..conftest import GitRepoFactory, git, host_pids_gone, host_pids_with
 
 
 def host_mounts_with(fragment: str) -> list[str]:
@@ -164,7 +164,8 @@ async def test_exec_timeout_kills_the_command(image: Path) -> None:
     async with open_sandbox(LocalBackend(), str(image)) as sb:
         result = await sb.exec(f"sleep 1000; echo never {marker}", timeout=0.3)
         assert (result.exit_code, result.reason) == (-1, "timeout")
-        assert host_pids_with(marker) == []
+        # Killed (it would sleep 1000 s): gone once the kernel has torn it down.
+        assert await host_pids_gone(marker) == []
 
 
 async def test_network_off(image: Path) -> None:
