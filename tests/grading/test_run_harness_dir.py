@@ -172,13 +172,16 @@ def test_instance_folders_are_what_swebench_grades(
         row = next(r for r in rows if r["instance_id"] == iid)
         spec = sw.build_test_spec(get_metadata(row, "swebench"))
         assert (d / "patch.diff").read_text() == preds[iid]["model_patch"]
-        assert (d / "eval.sh").read_text() == spec.eval_script
+        # The script that ran: swebench's, without what follows the recorded exit code.
+        assert (d / "eval.sh").read_text() == sw.run_script(spec.eval_script)
+        assert f"git checkout {calc.base} tests/test_calc.py" in spec.eval_script
         log = (d / "test_output.txt").read_text()
         # The whole log, from the script's first traced command to its last.
         assert log.startswith("+ ")
-        assert log.index(">>>>> Start Test Output") < log.index(">>>>> End Test Output")
-        last = log.rindex(f"+ git checkout {calc.base} tests/test_calc.py")
-        assert last > log.index(">>>>> End Test Output")
+        end = log.index(">>>>> End Test Output")
+        assert log.index(">>>>> Start Test Output") < end
+        assert log.index(">>>>> Test Exit Code: ", end) > end
+        assert "+ git checkout" not in log[end:]  # the reset for a container that lives on
         theirs = api.get_eval_report(
             test_spec=spec,
             prediction={"instance_id": iid, "model_patch": preds[iid]["model_patch"]},

@@ -6,6 +6,7 @@ Logs are graded by swebench's own ``get_eval_report`` and parsers; these tests o
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,105 @@ def test_test_ids_with_spaces_are_matched_as_swebench_parses_them() -> None:
         True,
         1,
     )
+
+
+# -- the script a grading runs -------------------------------------------------------------
+
+_MARKED_PATCH = """diff --git a/tests/test_x.py b/tests/test_x.py
+--- a/tests/test_x.py
++++ b/tests/test_x.py
+@@ -1 +1,3 @@
+ x = 1
++# : '>>>>> End Test Output'
++git config --global --add safe.directory /elsewhere
+"""
+
+
+def _script_with_patch(patch: str) -> str:
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            "cd /testbed",
+            "git config --global --add safe.directory /testbed",
+            "git status",
+            "git apply -v - <<'EOF_114329324912'",
+            patch.rstrip("\n"),
+            "EOF_114329324912",
+            ": '>>>>> Start Test Output'",
+            "pytest -rA tests/test_x.py",
+            ": '>>>>> End Test Output'",
+            "git checkout abc tests/test_x.py",
+            "",
+        ]
+    )
+
+
+def test_run_script_drops_the_reset_and_guards_the_grant() -> None:
+    base = sw.record_test_exit_code(_script_with_patch(_MARKED_PATCH).split("\n"))
+    script = "\n".join(base)
+    ran = sw.run_script(script)
+    lines = ran.splitlines()
+    # The exit code is recorded at the shell's marker, not at the patch line that carries it.
+    assert lines[-3:] == [
+        "__trio_swe_test_rc=$?",
+        ": '>>>>> End Test Output'",
+        'echo ">>>>> Test Exit Code: $__trio_swe_test_rc"',
+    ]
+    assert "git checkout abc tests/test_x.py" not in ran
+    # The here-document (the test patch) is byte for byte what it was.
+    body = script[script.index("<<'EOF_114329324912'") : script.index("\nEOF_114329324912")]
+    assert body in ran
+    assert "+git config --global --add safe.directory /elsewhere" in ran
+    guarded = [ln for ln in lines if ln.endswith("safe.directory /testbed")]
+    assert len(guarded) == 1
+    assert guarded[0].startswith("[ ")
+    assert sw.run_script(ran) == ran  # idempotent
+
+
+@pytest.mark.parametrize("prefix", ["swebench_v5__markedjs", "swebench_v5__chartjs"])
+def test_run_script_of_real_v5_rows_ends_at_the_marker(prefix: str) -> None:
+    row = _row(prefix)
+    script = sw.build_test_spec(get_metadata(row, "swebench")).eval_script
+    ran = sw.run_script(script)
+    end = script.index(": '>>>>> End Test Output'")
+    head = script[:end]
+    assert ran.replace(sw._SAFE_DIRECTORY_GUARD, "").startswith(head)
+    tail = ran[len(head) + len(sw._SAFE_DIRECTORY_GUARD) * ran.count(sw._SAFE_DIRECTORY_GUARD) :]
+    assert tail.splitlines()[0] == ": '>>>>> End Test Output'"
+    assert all(ln.startswith('echo ">>>>> Test Exit Code') for ln in tail.splitlines()[1:])
+    # Each of these rows cleans up after its tests; that is what is left out.
+    dropped = script[end:].splitlines()[2:]
+    assert dropped
+    assert all(ran.splitlines().count(ln) < script.splitlines().count(ln) for ln in dropped)
+
+
+def test_run_script_of_a_script_without_markers_keeps_every_line() -> None:
+    script = "set -e\ngit config --global --add safe.directory /testbed\nmake test\n"
+    ran = sw.run_script(script)
+    assert ran.replace(sw._SAFE_DIRECTORY_GUARD, "") == script
+
+
+@pytest.mark.parametrize("granted", [True, False])
+async def test_the_guarded_grant_runs_only_where_the_environment_lacks_it(
+    tmp_path: Path, granted: bool
+) -> None:
+    """Real bash and git: the guarded line writes the grant exactly when it is missing."""
+    gitconfig = tmp_path / "gitconfig"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_GLOBAL": str(gitconfig)}
+    if granted:
+        env |= {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory"}
+        env |= {"GIT_CONFIG_VALUE_0": "*"}
+    else:  # another first pair: not the grant
+        env |= {
+            "GIT_CONFIG_COUNT": "1",
+            "GIT_CONFIG_KEY_0": "core.pager",
+            "GIT_CONFIG_VALUE_0": "*",
+        }
+    script = sw.run_script("set -uxo pipefail\ngit config --global --add safe.directory /testbed\n")
+    r = await trio.run_process(["bash", "-c", script], env=env, capture_stderr=True, check=False)
+    assert r.returncode == 0, r.stderr
+    if granted:
+        assert not gitconfig.exists()
+    else:
+        assert "directory = /testbed" in gitconfig.read_text()

@@ -141,7 +141,8 @@ class SweBenchProtocol:
                     if built.reason is not None:
                         return _unevaluable(md, phases, built.reason)
                     spec = built.spec
-                    script: str = spec.eval_script
+                    # Without the steps that cannot change the verdict (see run_script).
+                    script = _swebench_api.run_script(spec.eval_script)
                     # The ladder and the eval script are one command: the script runs only once
                     # the ladder applied the patch. The checkout must be the row's base_commit
                     # (checked before any rung): the eval script resets only the test files to
