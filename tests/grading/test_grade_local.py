@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from trio_swe import SandboxError
+from trio_swe.grading import _run as grading_run
 from trio_swe.grading import _swebench_api as sw
 from trio_swe.grading import (
     evaluability_check,
@@ -184,7 +185,47 @@ async def test_pre_commands_failure_is_infrastructure(
     )
     assert (result.reward, result.reason, result.infra_failure) == (0.0, "setup_failed", True)
     assert "no-such-ref" in result.log_tail
-    assert "pre_commands" in result.detail
+    assert result.detail == "pre_commands exited with status 1"
+    assert result.apply_method is None  # the ladder never ran
+    assert set(result.durations) >= {"boot", "setup"}
+    assert "tests" not in result.durations
+
+
+async def test_a_setup_over_its_budget_is_infrastructure(
+    calc: CalcRepo, grading_backend: LocalBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grading_run, "SETUP_BUDGET_SEC", 1.0)
+    row = calc.scaleswe_f2p_row(pre_commands=["echo installing", "sleep 300"])
+    with trio.fail_after(120):  # a hang guard: the watchdog cuts it at 1 s
+        result = await run_evaluation(
+            grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
+        )
+    assert (result.reward, result.reason, result.infra_failure) == (0.0, "setup_failed", True)
+    assert result.detail == "pre_commands outlived its 1 s budget"
+    assert result.log_tail == "installing\n"
+    assert grading_backend.statistics().live == 0
+
+
+async def test_both_setups_run_in_order_and_the_graded_script_sees_them(
+    calc: CalcRepo, grading_backend: LocalBackend, tmp_path: Path
+) -> None:
+    # pre_commands fails unless before_repo_set_cmd already applied the test patch; the run
+    # script passes the F2P tests only with it applied.
+    unless_applied = "git diff --quiet -- tests && exit 7 || true"
+    row = calc.swepro_row(tmp_path, pre_commands=[unless_applied])
+    result = await run_evaluation(
+        grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
+    )
+    assert (result.reward, result.reason) == (1.0, "resolved"), result.detail
+    assert result.durations["setup"] > 0
+    # The check first and the test patch after it: the check fails.
+    row = calc.swepro_row(tmp_path, before_repo_set_cmd=unless_applied)
+    row["pre_commands"] = [f"git apply {calc._test_patch_file()}"]
+    result = await run_evaluation(
+        grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
+    )
+    assert (result.reason, result.infra_failure) == ("setup_failed", True)
+    assert result.detail == "before_repo_set_cmd exited with status 7"
 
 
 async def test_no_grader_is_flagged_and_costs_no_sandbox(

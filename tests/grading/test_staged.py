@@ -16,13 +16,15 @@ import pytest
 import trio
 
 from trio_swe import SandboxError
+from trio_swe.grading import _run as run_module
 from trio_swe.grading import get_metadata
 from trio_swe.grading._patch import apply_script, touched_paths
 from trio_swe.grading._run import APPLY_STATE_DIR, STAGED_SLACK_SEC, apply_then_run
-from trio_swe.grading._staged import STAGE, read_stages, staged_command
+from trio_swe.grading._staged import STAGE, SetupStep, read_stages, staged_command
 from trio_swe.sandbox import Backend, Sandbox, open_sandbox
 
 from ..backends import BACKENDS
+from ..conftest import host_pids_gone
 from ._calc import CalcRepo, build_calc_repo, git
 
 N = "0123456789abcdef0123456789abcdef"
@@ -118,6 +120,82 @@ def test_a_log_comes_inline_only_when_its_head_is_all_of_it() -> None:
     assert log_of(small) == small
 
 
+_LADDER_AND_TESTS = (
+    f"{M} apply\n\n{M} applied 0 7.00 100.0 7.20 100.25\n{M} tests 0 7.30 100.3 0 head\nlog\n"
+)
+
+
+def test_setup_lines_come_first_and_time_the_setup_stage() -> None:
+    out = f"{M} setup one 1.00 50.0\n{M} setup two 1.50 50.5\n{M} setupok 2.00 51.25\n"
+    st = read_stages(out + _LADDER_AND_TESTS, N, setups=2)
+    assert (st.setup_ok, st.setup_name, st.setup_failed) == (True, "two", False)
+    assert st.setup_sec == pytest.approx(1.25)  # the wall clock, as for the ladder
+    assert (st.ladder_status, st.apply_sec, st.tests_status, st.log) == (0, 0.25, 0, "log\n")
+    # Without setups the same output is read from its first stage line on: the ladder's.
+    assert read_stages(_LADDER_AND_TESTS, N).setup_ok is False
+
+
+def test_a_failed_setup_ends_the_stages_with_its_log() -> None:
+    out = f"{M} setup one 1.00 50.0\n{M} setupfail 3 2.00 51.0 0 head\nwhy\n{M} apply\n"
+    st = read_stages(out, N, setups=2)
+    assert (st.setup_name, st.setup_failed, st.setup_ok) == ("one", True, False)
+    assert (st.setup_status, st.setup_cut, st.setup_sec) == (3, False, 1.0)
+    # What follows its line is the log (stage-like lines included): no ladder ran.
+    assert st.setup_log == f"why\n{M} apply\n"
+    assert st.ladder_output is None
+
+
+@pytest.mark.parametrize(
+    ("out", "setups", "expected"),
+    [
+        ("", 2, {"setup_name": None, "failed_write": None}),
+        (f"{M} nodir\n", 2, {"failed_write": "nodir"}),
+        (f"{M} noasset\n", 2, {"failed_write": "noasset"}),
+        (f"{M} setup a 1 1\n{M} noasset\n", 2, {"failed_write": "noasset", "setup_name": "a"}),
+        # Cut inside the second script: the one that was running.
+        (f"{M} setup a 1 1\n{M} setup b 2 2\n", 2, {"setup_name": "b", "setup_failed": False}),
+        (
+            f"{M} setup a 1 1\n{M} setupfail 137 3 3 1 head\n",
+            2,
+            {"setup_cut": True, "setup_status": 137, "setup_log": ""},
+        ),
+        (
+            f"{M} setup a 1 1\n{M} setupfail 1 3 3 0 head\n" + "x" * (64 * 1024),
+            2,
+            {"setup_log": None},  # longer than inline: read from its file
+        ),
+        # One setup: a second setup line is no stage (only setupok or setupfail may follow).
+        (
+            f"{M} setup a 1 1\n{M} setup b 2 2\n{M} setupok 3 3\n",
+            1,
+            {"setup_name": "a", "setup_ok": True, "setup_sec": 2.0},
+        ),
+    ],
+    ids=["nothing", "nodir", "noasset", "noasset_later", "cut", "killed", "log_in_file", "once"],
+)
+def test_partial_and_failed_setup_outputs(out: str, setups: int, expected: dict[str, Any]) -> None:
+    st = read_stages(out, N, setups=setups)
+    for name, value in expected.items():
+        assert getattr(st, name) == value, name
+
+
+def test_a_setups_name_must_be_one_word() -> None:
+    bad = SetupStep("two words", "true", "/tmp/x.sh", "/tmp/x.log")
+    with pytest.raises(ValueError, match="one word"):
+        staged_command(
+            nonce=N,
+            dirs=(),
+            patch=None,
+            patch_path="/tmp/p",
+            ladder="true",
+            script="true",
+            script_path="/tmp/s.sh",
+            log_path="/tmp/s.log",
+            budget_sec=1,
+            setups=(bad,),
+        )
+
+
 # -- the shell, run on the host ----------------------------------------------------------------
 
 
@@ -130,6 +208,7 @@ def _host_run(
     budget: float = 60,
     save: str | None = None,
     restore: str | None = None,
+    **kw: Any,
 ) -> tuple[str, subprocess.CompletedProcess[bytes], Path]:
     repo = calc.path
     state = tmp_path / "state"
@@ -155,6 +234,7 @@ def _host_run(
         budget_sec=budget,
         save=save,
         restore=restore,
+        **kw,
     )
     done = subprocess.run(
         ["bash", "-c", cmd], capture_output=True, cwd=repo, stdin=subprocess.DEVNULL, timeout=120
@@ -304,6 +384,93 @@ def test_restore_runs_only_once_the_ladder_applied(tmp_path: Path, calc: CalcRep
     assert not marker.exists()
 
 
+def _steps(tmp_path: Path, calc: CalcRepo, *bodies: str) -> tuple[SetupStep, ...]:
+    """Setup scripts as scaleswe writes them: ``set -e`` in the workdir."""
+    eval_dir = tmp_path / "eval"
+    return tuple(
+        SetupStep(
+            f"s{i}",
+            f"set -e\ncd {calc.path}\n{body}",
+            f"{eval_dir}/s{i}.sh",
+            f"{eval_dir}/s{i}.log",
+        )
+        for i, body in enumerate(bodies)
+    )
+
+
+def test_setups_run_in_order_before_the_patch_and_the_script_sees_them(
+    tmp_path: Path, calc: CalcRepo
+) -> None:
+    order = tmp_path / "order"
+    steps = _steps(
+        tmp_path,
+        calc,
+        f"echo one >> {order}; echo out-one",
+        # The patch is not applied yet; the exports are not set yet.
+        f"git status --porcelain > {tmp_path}/tree; echo two:${{TRIO_SWE_X:-unset}} >> {order}",
+    )
+    asset = tmp_path / "assets" / "run.sh"
+    script = f"cat {order}; echo script:$TRIO_SWE_X; cat {asset}"
+    out, done, eval_dir = _host_run(
+        tmp_path,
+        calc,
+        calc.gold.encode(),
+        script,
+        setups=steps,
+        setup_budget_sec=60,
+        assets=((str(asset), b"echo 'asset' \\ \xff\n"),),
+        exports=(("TRIO_SWE_X", "on"),),
+    )
+    st = read_stages(out, N, setups=2)
+    assert (st.setup_ok, st.setup_name, st.ladder_status, st.tests_status) == (True, "s1", 0, 0)
+    assert st.setup_sec is not None
+    assert (tmp_path / "tree").read_text() == ""
+    assert (eval_dir / "s0.log").read_text() == "out-one\n"
+    assert st.log is not None
+    assert st.log.startswith("one\ntwo:unset\nscript:on\necho 'asset'")
+    assert asset.read_bytes() == b"echo 'asset' \\ \xff\n"
+    assert asset.stat().st_mode & 0o777 == 0o755
+    assert done.returncode == 0
+
+
+def test_a_failed_setup_ends_the_command_with_its_log(tmp_path: Path, calc: CalcRepo) -> None:
+    marker = tmp_path / "ran"
+    steps = _steps(tmp_path, calc, "echo first", "echo why; false; echo never", f"touch {marker}")
+    out, done, eval_dir = _host_run(
+        tmp_path, calc, calc.gold.encode(), f"touch {marker}\n", setups=steps, setup_budget_sec=60
+    )
+    st = read_stages(out, N, setups=3)
+    assert (st.setup_name, st.setup_failed, st.setup_status, st.setup_cut) == ("s1", True, 1, False)
+    assert st.setup_log == "why\n"
+    assert st.setup_sec is not None
+    # Nothing after it ran: no later setup, no patch written, no ladder, no script.
+    assert not marker.exists()
+    assert st.ladder_output is None
+    assert not (tmp_path / "p.diff").exists()
+    assert not (eval_dir / "eval.sh").exists()
+    assert git(calc.path, "status", "--porcelain") == ""
+    assert done.returncode == 0
+
+
+async def test_a_setup_over_its_budget_is_killed_with_its_group(
+    tmp_path: Path, calc: CalcRepo
+) -> None:
+    marker = f"trio-swe-setup-watchdog-{os.getpid()}-{time.monotonic_ns()}"
+    steps = _steps(tmp_path, calc, f"echo started\nbash -c 'exec -a {marker} sleep 300' &\nwait")
+    out, done, eval_dir = _host_run(
+        tmp_path, calc, calc.gold.encode(), "exit 0\n", setups=steps, setup_budget_sec=1
+    )
+    st = read_stages(out, N, setups=1)
+    assert (st.setup_failed, st.setup_cut, st.setup_status) == (True, True, 137)
+    assert st.setup_log == "started\n"
+    assert st.setup_sec is not None
+    assert st.setup_sec >= 1
+    assert st.ladder_output is None
+    assert not (eval_dir / "eval.sh").exists()
+    assert done.returncode == 0
+    assert await host_pids_gone(marker) == []  # the script's child died with its group
+
+
 # -- apply_then_run on real backends -----------------------------------------------------------
 
 
@@ -361,6 +528,7 @@ async def _apply_then_run(
                 script_path="/tmp/trio_swe_eval/eval.sh",
                 log_path="/tmp/trio_swe_eval/eval.log",
                 budget_sec=budget,
+                **{k: v for k, v in kw.items() if k != "expect_head"},
             )
             calls = list(sb.calls)
             tree = (await real.exec("git status --porcelain; ls /tmp/trio_swe_eval")).output
@@ -501,3 +669,72 @@ async def test_a_failed_save_is_reported_and_applies_nothing(
     assert (staged.outcome.applied, staged.run) == (False, None)
     assert "calc" not in tree
     assert "ran" not in tree.split()
+
+
+async def test_setups_and_assets_travel_in_the_same_three_round_trips(
+    backend: Backend, tmp_path: Path
+) -> None:
+    order = "/tmp/trio_swe_eval/order"
+    setups = (
+        ("first", f"set -e\ncd /testbed\necho one > {order}\ngit status --porcelain >> {order}"),
+        ("second", f"set -e\necho two:${{TRIO_SWE_X:-unset}} >> {order}"),
+    )
+    asset = "/tmp/trio_swe_eval/assets/run.sh"
+    staged, calls, tree = await _apply_then_run(
+        backend,
+        tmp_path,
+        _gold(tmp_path),
+        f"cat {order}; echo script:$TRIO_SWE_X; cat {asset}; stat -c %a {asset}",
+        setups=setups,
+        assets={asset: "echo asset\n"},
+        env={"TRIO_SWE_X": "on"},
+    )
+    assert (staged.setup_failed, staged.hook_failed) == (None, None)
+    assert staged.run is not None
+    assert staged.run.exit_code == 0
+    # Before the patch (a clean tree), in order, without the graded script's environment.
+    assert staged.log == "one\ntwo:unset\nscript:on\necho asset\n755\n"
+    assert staged.setup_sec is not None
+    assert staged.apply_sec is not None
+    assert calls == ["write_file", "exec", "exec"]
+    assert " M calc/__init__.py" in tree
+
+
+async def test_a_failed_setup_is_reported_and_applies_nothing(
+    backend: Backend, tmp_path: Path
+) -> None:
+    # A log larger than one reply carries: read back from its file, whole.
+    fail = "set -e\nhead -c 70000 /dev/zero | tr '\\0' x\necho\nfalse\necho never"
+    staged, calls, tree = await _apply_then_run(
+        backend,
+        tmp_path,
+        _gold(tmp_path),
+        "touch /tmp/trio_swe_eval/ran\n",
+        setups=(("pre_commands", fail), ("later", "touch /tmp/trio_swe_eval/later")),
+    )
+    assert staged.setup_failed == ("pre_commands exited with status 1", "x" * 70000 + "\n")
+    assert calls[-1] == "read_file /tmp/trio_swe_eval/pre_commands.log"
+    assert (staged.outcome.applied, staged.run) == (False, None)
+    assert staged.setup_sec is not None
+    assert "calc" not in tree  # the ladder never ran
+    for name in ("ran", "later", "patch.diff", "eval.sh"):
+        assert name not in tree.split()
+
+
+async def test_a_setup_over_its_budget_is_cut(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_module, "SETUP_BUDGET_SEC", 1.0)
+    t = trio.current_time()
+    staged, _, tree = await _apply_then_run(
+        backend,
+        tmp_path,
+        _gold(tmp_path),
+        "touch /tmp/trio_swe_eval/ran\n",
+        setups=(("before_repo_set_cmd", "echo waiting\nsleep 300"),),
+    )
+    assert staged.setup_failed == ("before_repo_set_cmd outlived its 1 s budget", "waiting\n")
+    assert (staged.outcome.applied, staged.run) == (False, None)
+    assert "calc" not in tree
+    assert "ran" not in tree.split()
+    assert trio.current_time() - t < 60  # the watchdog, not the 300 s sleep

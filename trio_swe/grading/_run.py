@@ -45,7 +45,7 @@ from ._result import (
     EvalResult,
     log_tail,
 )
-from ._staged import read_stages, staged_command, whole_log
+from ._staged import SetupStep, Stages, read_stages, staged_command, whole_log
 from ._types import InstanceMetadata
 
 #: Scratch directory of the grader inside the eval sandbox (outside the repository).
@@ -506,7 +506,10 @@ class AppliedRun:
     graded script's result and whole log. ``run.reason == "time_budget"`` when the script
     outlived its budget. ``apply_sec``: the ladder's own time, measured in the sandbox (None
     when it has no clock). ``hook_failed``: ``("save" | "restore", its output)`` when a hook
-    of :func:`apply_then_run` failed (then nothing after it ran)."""
+    of :func:`apply_then_run` failed (then nothing after it ran). ``setup_failed``: ``(detail,
+    log)`` when a setup script failed or outlived its budget (then nothing after it ran: no
+    patch, no ladder). ``setup_sec``: the setup scripts' time, measured in the sandbox (0.0
+    without any; None when it has no clock)."""
 
     def __init__(
         self,
@@ -515,12 +518,17 @@ class AppliedRun:
         log: str,
         apply_sec: float | None,
         hook_failed: tuple[str, str] | None = None,
+        *,
+        setup_failed: tuple[str, str] | None = None,
+        setup_sec: float | None = 0.0,
     ) -> None:
         self.outcome = outcome
         self.run = run
         self.log = log
         self.apply_sec = apply_sec
         self.hook_failed = hook_failed
+        self.setup_failed = setup_failed
+        self.setup_sec = setup_sec
 
 
 async def apply_then_run(
@@ -537,6 +545,8 @@ async def apply_then_run(
     files: Mapping[str, str | bytes] | None = None,
     save: str | None = None,
     restore: str | None = None,
+    setups: Sequence[tuple[str, str]] = (),
+    assets: Mapping[str, str | bytes] | None = None,
 ) -> AppliedRun:
     """The apply ladder and the graded script in one detached command (:func:`staged_command`):
     the patch, the ladder and the script travel in the command, the ladder's verdict gates the
@@ -557,6 +567,13 @@ async def apply_then_run(
     (``budget_sec`` + :data:`STAGED_SLACK_SEC`, the ladder's and the shell's share) cut it.
     A ladder slow enough to have eaten into the script's budget followed by a cut is a
     :class:`SandboxError`, not a timeout of the tests.
+
+    ``setups`` (name, script) run first, in order, as :func:`run_logged` would run them with
+    :data:`SETUP_BUDGET_SEC` each (written to ``EVAL_DIR/<name>.sh``, their output to
+    ``<name>.log``; with :data:`SAFE_ENV`, ``env`` being the ladder's and the script's), after
+    ``assets`` (path -> content, mode 0755) are written. The first that fails ends the command
+    (``AppliedRun.setup_failed``: ``"<name> exited with status N"`` or ``"<name> outlived its
+    N s budget"``, and its whole log), before the patch is written.
     """
     empty = is_empty_patch(patch)
     if not empty:
@@ -580,6 +597,14 @@ async def apply_then_run(
         state_ready=True,
     )
     nonce = uuid.uuid4().hex
+    steps = tuple(
+        SetupStep(name, body, f"{EVAL_DIR}/{name}.sh", f"{EVAL_DIR}/{name}.log")
+        for name, body in setups
+    )
+    setup_budget = SETUP_BUDGET_SEC  # read per call (a test may lower it)
+    # With setups, the command runs with the setups' environment (SAFE_ENV) and exports the
+    # rest of ``env`` after them, for the ladder and the script.
+    extra = {k: v for k, v in (env or {}).items() if SAFE_ENV.get(k) != v} if steps else {}
     cmd = staged_command(
         nonce=nonce,
         dirs=(EVAL_DIR, APPLY_STATE_DIR),
@@ -590,23 +615,38 @@ async def apply_then_run(
         script_path=script_path,
         log_path=log_path,
         budget_sec=budget_sec,
-        files=tuple(
-            (path, data.encode() if isinstance(data, str) else bytes(data))
-            for path, data in (files or {}).items()
-        ),
+        files=tuple((path, _bytes(data)) for path, data in (files or {}).items()),
         save=save,
         restore=restore,
+        assets=tuple((path, _bytes(data)) for path, data in (assets or {}).items()),
+        setups=steps,
+        setup_budget_sec=setup_budget,
+        exports=tuple(extra.items()),
     )
     t = time.monotonic()
     run = await run_long(
-        sb, cmd, budget_sec=budget_sec + STAGED_SLACK_SEC, env=env, want_output=True
+        sb,
+        cmd,
+        budget_sec=budget_sec + STAGED_SLACK_SEC + len(steps) * setup_budget,
+        env=None if steps else env,
+        want_output=True,
     )
     wall = time.monotonic() - t
     overrun = run.reason == "time_budget"
-    st = read_stages(run.output, nonce)
+    st = read_stages(run.output, nonce, setups=len(steps))
+    if st.failed_write == "noasset":
+        raise SandboxError("the graded command could not write the grader's assets or setups")
+    if steps and not st.setup_ok and st.setup_name is not None:
+        return await _setup_failed(sb, st, run, overrun, wall, setup_budget)
+    setup_sec = st.setup_sec if steps else 0.0
     if st.failed_write == "nosave":
         return AppliedRun(
-            ApplyOutcome(False, None, ""), None, "", 0.0, hook_failed=("save", st.hook_output)
+            ApplyOutcome(False, None, ""),
+            None,
+            "",
+            0.0,
+            hook_failed=("save", st.hook_output),
+            setup_sec=setup_sec,
         )
     if st.ladder_output is None:
         why = {"nodir": "could not make its directories", "nopatch": "could not write the patch"}
@@ -619,11 +659,17 @@ async def apply_then_run(
         raise SandboxError(
             f"the graded command ended inside the apply ladder: {run.output[-300:]!r}"
         )
-    apply_sec = st.apply_sec if status is not None else wall
+    # Without the sandbox's clocks: our own, less the setups' share where it is known.
+    rest = wall - (setup_sec or 0.0)
+    apply_sec = st.apply_sec if status is not None else rest
     head = parse_head(ladder_out)
     if wrong_head(ladder_out):
         return AppliedRun(
-            ApplyOutcome(False, None, ladder_out, head=head, wrong_head=True), None, "", apply_sec
+            ApplyOutcome(False, None, ladder_out, head=head, wrong_head=True),
+            None,
+            "",
+            apply_sec,
+            setup_sec=setup_sec,
         )
     applied, rung = parse_verdict(ladder_out)
     # The shell ran the script only on status 0: both must agree (a ladder cut by the
@@ -638,15 +684,24 @@ async def apply_then_run(
         outcome = ApplyOutcome(
             False, None, ladder_out, refused=f"patch refused: {script_refused}", head=head
         )
-        return AppliedRun(outcome, None, "", apply_sec)
+        return AppliedRun(outcome, None, "", apply_sec, setup_sec=setup_sec)
     if not applied:
         log = await read_text(sb, f"{APPLY_STATE_DIR}/apply.log")
         if status is None:
             log += f"\n(apply ladder exceeded the command's {budget_sec + STAGED_SLACK_SEC:g} s)"
-        return AppliedRun(ApplyOutcome(False, None, log, head=head), None, "", apply_sec)
+        return AppliedRun(
+            ApplyOutcome(False, None, log, head=head), None, "", apply_sec, setup_sec=setup_sec
+        )
     outcome = ApplyOutcome(True, rung, "", head=head)
     if st.failed_write == "norestore":
-        return AppliedRun(outcome, None, "", apply_sec, hook_failed=("restore", st.hook_output))
+        return AppliedRun(
+            outcome,
+            None,
+            "",
+            apply_sec,
+            hook_failed=("restore", st.hook_output),
+            setup_sec=setup_sec,
+        )
     if st.failed_write == "noscript":
         raise SandboxError(f"the graded command could not write {script_path} or its files")
     if overrun and not st.tests_ended and (apply_sec is None or apply_sec > _LADDER_FAIR_SEC):
@@ -659,16 +714,52 @@ async def apply_then_run(
         # Cut by the command's budget, or the script took its shell down with it: the log
         # file is what it wrote, graded as run_logged grades it.
         log = await read_text(sb, log_path)
-        return AppliedRun(outcome, _as_overrun(run) if overrun else run, log, apply_sec)
+        return AppliedRun(
+            outcome, _as_overrun(run) if overrun else run, log, apply_sec, setup_sec=setup_sec
+        )
     log = st.log if st.log is not None and not overrun else await read_text(sb, log_path)
-    took = st.tests_sec if st.tests_sec is not None else wall
+    took = st.tests_sec if st.tests_sec is not None else rest
     code = st.tests_status
     result = msgspec.structs.replace(
         run, exit_code=run.exit_code if code is None else code, output=""
     )
     if overrun or st.tests_cut or took > budget_sec:
         result = _as_overrun(result)
-    return AppliedRun(outcome, result, log, apply_sec)
+    return AppliedRun(outcome, result, log, apply_sec, setup_sec=setup_sec)
+
+
+async def _setup_failed(
+    sb: Sandbox, st: Stages, run: ExecResult, overrun: bool, wall: float, budget_sec: float
+) -> AppliedRun:
+    """The :class:`AppliedRun` of a setup script that failed, was killed at its budget, or was
+    running when the command was cut (``st.setup_name``: that script)."""
+    name = st.setup_name
+    log_path = f"{EVAL_DIR}/{name}.log"
+    if st.setup_failed:
+        log = st.setup_log if st.setup_log is not None else await read_text(sb, log_path)
+        cut = st.setup_cut
+    elif overrun:  # the command's budget cut it, in case the sandbox's watchdog did not
+        log, cut = await read_text(sb, log_path), True
+    else:
+        raise SandboxError(
+            f"the graded command ended inside the setup script {name}: {run.output[-300:]!r}"
+        )
+    if cut:
+        detail = f"{name} outlived its {budget_sec:g} s budget"
+    else:
+        detail = f"{name} exited with status {st.setup_status}"
+    return AppliedRun(
+        ApplyOutcome(False, None, ""),
+        None,
+        "",
+        None,
+        setup_failed=(detail, log),
+        setup_sec=st.setup_sec if st.setup_sec is not None else wall,
+    )
+
+
+def _bytes(data: str | bytes) -> bytes:
+    return data.encode() if isinstance(data, str) else bytes(data)
 
 
 def _as_overrun(run: ExecResult) -> ExecResult:

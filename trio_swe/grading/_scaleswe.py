@@ -2,7 +2,8 @@
 
 Order in the fresh eval sandbox: grader assets, ``before_repo_set_cmd`` (SWE-bench Pro), then
 ``pre_commands`` (their failure is an infrastructure outcome, ``setup_failed``), the patch
-ladder, then exactly one grader by priority: ``swepro``, ``eval_cmd``, ``f2p_script``.
+ladder, then exactly one grader by priority: ``swepro``, ``eval_cmd``, ``f2p_script``. All of it
+is one detached command (:func:`~._run.apply_then_run`), the setup scripts its first stage.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from ._run import (
     APPLY_TIMEOUT_SEC,
     EVAL_DIR,
     PLAIN_ENV,
-    SETUP_BUDGET_SEC,
+    AppliedRun,
     Phases,
     apply_then_run,
     evaluate_patch,
@@ -35,7 +36,6 @@ from ._run import (
     not_applied_result,
     open_eval_sandbox,
     read_text,
-    run_logged,
     timeout_result,
 )
 from ._testlog import parse_pytest_summary, selectable, split_counts
@@ -124,25 +124,17 @@ class ScaleSweProtocol:
             return make_result(
                 md, phases, reason=R.UNEVALUABLE, grader=grader, infra=True, detail=str(exc)
             )
+        setups = _setups(md, g)
         async with open_eval_sandbox(backend, md, phases) as sb:
-            with phases.phase("setup"):
-                failed = await _setup(sb, md, g, assets)
-            if failed is not None:
-                return make_result(
-                    md,
-                    phases,
-                    reason=R.SETUP_FAILED,
-                    grader=grader,
-                    infra=True,
-                    detail=failed[0],
-                    log=failed[1],
-                )
             if g.swepro is None:
                 script, files = _exit_code_script(md, g)
                 return await _grade_exit_code(
-                    sb, md, phases, patch, grader or "", script, files, timeout_sec, g
+                    sb, md, phases, patch, grader or "", script, files, timeout_sec, g, setups
                 )
-            return await _grade_swepro(sb, md, g.swepro, phases, patch, timeout_sec)
+            assert assets is not None
+            return await _grade_swepro(
+                sb, md, g.swepro, phases, patch, timeout_sec, setups, assets, grader
+            )
 
 
 def _exit_code_script(md: InstanceMetadata, g: ScaleSweGrading) -> tuple[str, dict[str, str]]:
@@ -176,38 +168,42 @@ async def _read_swepro_assets(sp: SweProSpec) -> tuple[str, str]:
     )
 
 
-async def _run_setup_script(
-    sb: Sandbox, md: InstanceMetadata, name: str, body: str
-) -> tuple[str, str] | None:
-    """Run setup lines with ``set -e`` in the workdir; ``(detail, log)`` if they failed."""
-    script = f"set -e\ncd {shlex.quote(md.workdir)}\n{body}\n"
-    path, log_path = f"{EVAL_DIR}/{name}.sh", f"{EVAL_DIR}/{name}.log"
-    # The script travels in the command; a failure's log comes back with it.
-    r, log = await run_logged(
-        sb, script, script_path=path, log_path=log_path, budget_sec=SETUP_BUDGET_SEC
-    )
-    if r.ok:
-        return None
-    if r.reason == "time_budget":
-        return f"{name} outlived its {SETUP_BUDGET_SEC:g} s budget", log
-    return f"{name} exited with status {r.exit_code}", log
-
-
-async def _setup(
-    sb: Sandbox, md: InstanceMetadata, g: ScaleSweGrading, assets: tuple[str, str] | None
-) -> tuple[str, str] | None:
-    if assets is not None:
-        await sb.write_file(f"{SWEPRO_DIR}/run_script.sh", assets[0], user="root", mode=0o755)
-        await sb.write_file(f"{SWEPRO_DIR}/parser.py", assets[1], user="root", mode=0o755)
+def _setups(md: InstanceMetadata, g: ScaleSweGrading) -> tuple[tuple[str, str], ...]:
+    """The setup scripts, in the order they run: each ``set -e`` in the workdir."""
+    bodies: list[tuple[str, str]] = []
     if g.swepro is not None and g.swepro.before_repo_set_cmd.strip():
-        failed = await _run_setup_script(
-            sb, md, "before_repo_set_cmd", g.swepro.before_repo_set_cmd
-        )
-        if failed is not None:
-            return failed
+        bodies.append(("before_repo_set_cmd", g.swepro.before_repo_set_cmd))
     if g.pre_commands:
-        return await _run_setup_script(sb, md, "pre_commands", "\n".join(g.pre_commands))
-    return None
+        bodies.append(("pre_commands", "\n".join(g.pre_commands)))
+    return tuple((name, f"set -e\ncd {shlex.quote(md.workdir)}\n{body}\n") for name, body in bodies)
+
+
+def _timed(phases: Phases, staged: AppliedRun, took: float) -> None:
+    """The phases of one staged command: ``setup`` and ``apply`` by the sandbox's clocks,
+    ``tests`` the rest of its wall time (``apply`` the rest when no script ran)."""
+    if staged.setup_failed is not None:  # nothing after the setups ran
+        phases.durations["setup"] = took if staged.setup_sec is None else staged.setup_sec
+        return
+    setup = phases.durations["setup"] = staged.setup_sec or 0.0
+    if staged.run is None:
+        phases.durations["apply"] = max(took - setup, 0.0)
+        return
+    apply = phases.durations["apply"] = staged.apply_sec or 0.0
+    phases.durations["tests"] = took - setup - apply
+
+
+def _setup_failed_result(
+    md: InstanceMetadata, phases: Phases, grader: str | None, failed: tuple[str, str]
+) -> EvalResult:
+    return make_result(
+        md,
+        phases,
+        reason=R.SETUP_FAILED,
+        grader=grader,
+        infra=True,
+        detail=failed[0],
+        log=failed[1],
+    )
 
 
 def _graded_files_hooks(workdir: str, files: tuple[str, ...]) -> tuple[str | None, str | None]:
@@ -235,6 +231,7 @@ async def _grade_exit_code(
     files: Mapping[str, str],
     timeout_sec: float,
     g: ScaleSweGrading,
+    setups: tuple[tuple[str, str], ...],
 ) -> EvalResult:
     """``eval_cmd`` / ``f2p_script``: the ladder, then (only when it applied) ``files`` and the
     graded script, in one command (:func:`~._run.apply_then_run`). Exit status 0 means solved.
@@ -254,14 +251,14 @@ async def _grade_exit_code(
         budget_sec=timeout_sec,
         env=PLAIN_ENV,
         files=files,
+        setups=setups,
     )
-    took = time.monotonic() - t
+    _timed(phases, staged, time.monotonic() - t)
     outcome, r, log = staged.outcome, staged.run, staged.log
+    if staged.setup_failed is not None:
+        return _setup_failed_result(md, phases, g.grader, staged.setup_failed)
     if r is None:  # the ladder alone ran
-        phases.durations["apply"] = took
         return not_applied_result(md, phases, outcome, grader=grader)
-    phases.durations["apply"] = share = staged.apply_sec or 0.0
-    phases.durations["tests"] = took - share
     rung = outcome.rung
     _keep(script, log)
     if r.reason == "time_budget":
@@ -328,10 +325,13 @@ async def _grade_swepro(
     phases: Phases,
     patch: bytes,
     timeout_sec: float,
+    setups: tuple[tuple[str, str], ...],
+    assets: tuple[str, str],
+    grader: str | None,
 ) -> EvalResult:
-    """SWE-bench Pro: the ladder with the selected test files saved before it and put back
-    after it, then the run script on them, in one command (:func:`~._run.apply_then_run`);
-    then the parser -> JSON, F2P | P2P <= PASSED."""
+    """SWE-bench Pro: its assets written and its setups run, the ladder with the selected test
+    files saved before it and put back after it, then the run script on them, in one command
+    (:func:`~._run.apply_then_run`); then the parser -> JSON, F2P | P2P <= PASSED."""
     out, err, res = (f"{SWEPRO_DIR}/{n}" for n in ("stdout.log", "stderr.log", "result.json"))
     tests = shlex.quote(",".join(sp.selected_test_files))
     cmd = (
@@ -351,11 +351,14 @@ async def _grade_swepro(
         env=PLAIN_ENV,
         save=save,
         restore=restore,
+        setups=setups,
+        assets={f"{SWEPRO_DIR}/run_script.sh": assets[0], f"{SWEPRO_DIR}/parser.py": assets[1]},
     )
-    took = time.monotonic() - t
+    _timed(phases, staged, time.monotonic() - t)
     outcome, r = staged.outcome, staged.run
+    if staged.setup_failed is not None:
+        return _setup_failed_result(md, phases, grader, staged.setup_failed)
     if staged.hook_failed is not None:
-        phases.durations["apply"] = took
         return make_result(
             md,
             phases,
@@ -366,10 +369,7 @@ async def _grade_swepro(
             log=staged.hook_failed[1],
         )
     if r is None:  # the ladder alone ran
-        phases.durations["apply"] = took
         return not_applied_result(md, phases, outcome, grader="swepro")
-    phases.durations["apply"] = share = staged.apply_sec or 0.0
-    phases.durations["tests"] = took - share
     rung = outcome.rung
     stdout = await read_text(sb, out)
     stderr = await read_text(sb, err)
