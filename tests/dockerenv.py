@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -406,10 +407,11 @@ def _pid_alive(pid: int) -> bool:
 def sweep_stale_roots(parent: Path = Path("/tmp")) -> None:
     """Remove the directories of earlier test runs that were killed before their teardown.
 
-    A root is stale when no worker that used it is alive, its dockerd (if any) is gone, and
-    nothing is mounted under it. Roots in use are never touched (their lock is held then).
+    A root is stale when no worker that used it is alive and its dockerd (if any) is gone. A
+    dockerd killed before its shutdown leaves its data root bound on itself: once the daemon
+    is gone, that mount is detached first. Roots in use are never touched (their lock is held
+    then), and nothing is removed while anything stays mounted under a root.
     """
-    mounts = Path("/proc/mounts").read_text()
     for root in parent.glob("trio_swe-dk-*"):
         try:
             if time.time() - root.stat().st_mtime < 600:
@@ -417,7 +419,7 @@ def sweep_stale_roots(parent: Path = Path("/tmp")) -> None:
         except OSError:
             continue
         users = [int(u.name.split("-")[1]) for u in root.glob("user-*") if u.name[5:].isdigit()]
-        if any(_pid_alive(p) for p in users) or f" {root}/" in mounts:
+        if any(_pid_alive(p) for p in users):
             continue
         try:
             state = json.loads((root / "state.json").read_text())
@@ -428,9 +430,23 @@ def sweep_stale_roots(parent: Path = Path("/tmp")) -> None:
         try:
             with open(root / "lock", "a") as f:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                shutil.rmtree(root, ignore_errors=True)
+                # Deepest first; --lazy: a mount still busy goes once its last user does.
+                for mount in sorted(_mounts_under(root), key=len, reverse=True):
+                    subprocess.run(["umount", "--lazy", mount], capture_output=True, check=False)
+                if not _mounts_under(root):
+                    shutil.rmtree(root, ignore_errors=True)
         except OSError:
             continue  # locked: someone is starting it right now
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or under ``root`` (``/proc/self/mountinfo``'s octal escapes decoded)."""
+    found = []
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+        if point == str(root) or point.startswith(f"{root}/"):
+            found.append(point)
+    return found
 
 
 def _shared_root() -> Path:
