@@ -12,6 +12,7 @@ import trio
 from trio_swe import SandboxBootError, open_sandbox
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.sandbox.local._backend import _read_child_pid
+from trio_swe.sandbox.local._sandbox import _parent
 
 from ..conftest import GitRepoFactory, git
 
@@ -55,3 +56,10 @@ async def test_a_failed_overlay_mount_names_what_was_mounted() -> None:
     assert "special device overlay does not exist" in message
     assert "lowerdir=/s/lower" in message
     assert "'/src@abc'" in message
+
+
+@pytest.mark.parametrize("path", ["/a/b", "/a/b/", "/a", "/", "//a//b", "/a//b//", "/a b/c d"])
+def test_write_files_parent_is_dirnames(path: str) -> None:
+    """write_file's parent, computed in Python (no process), is what dirname(1) says."""
+    out = subprocess.run(["dirname", "--", path], capture_output=True, text=True, check=True)
+    assert _parent(path) == out.stdout.rstrip("\n")

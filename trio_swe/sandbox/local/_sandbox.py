@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import posixpath
 import shutil
 import signal
 import time
@@ -64,9 +65,10 @@ exec head -c "$(($2 + 1))" -- "$p"
 """
 # Writes a file; a refusal is told apart by status: 45 a directory is in the way, 47 not
 # permitted (permissions or a read-only file system: test -w asks access(2), which says both).
-_WRITE_SCRIPT = """p=$1; d=$(dirname -- "$p")
+# $1 path, $2 mode ("" to keep), $3 its parent (by _parent: no `dirname` process per write).
+_WRITE_SCRIPT = """p=$1; d=$3
 if [ -d "$p" ]; then echo "a directory" >&2; exit 45; fi
-if ! mkdir -p -- "$d" 2>/dev/null || [ ! -d "$d" ]; then
+if [ ! -d "$d" ] && { ! mkdir -p -- "$d" 2>/dev/null || [ ! -d "$d" ]; }; then
   if [ -e "$d" ] && [ ! -d "$d" ]; then echo "$d is not a directory" >&2; exit 45; fi
   echo "cannot create $d" >&2; exit 47
 fi
@@ -76,6 +78,11 @@ fi
 cat > "$p" && if [ -n "$2" ]; then chmod -- "$2" "$p"; fi
 """
 _DENIED_STATUS = 47
+
+
+def _parent(path: str) -> str:
+    """``dirname(1)`` of an absolute path: trailing slashes go first, ``/`` is its own."""
+    return posixpath.dirname(path.rstrip("/")) or "/"
 
 
 def _is_dir(path: str) -> bool:
@@ -345,7 +352,7 @@ class LocalSandbox:
         payload = data.encode() if isinstance(data, str) else bytes(data)
         mode_arg = f"{mode:o}" if mode is not None else ""
         status, _, err, _ = await self._run(
-            ["/bin/sh", "-c", _WRITE_SCRIPT, "write_file", path, mode_arg],
+            ["/bin/sh", "-c", _WRITE_SCRIPT, "write_file", path, mode_arg, _parent(path)],
             user=user,
             cwd="/",
             data=payload,
