@@ -265,8 +265,8 @@ def record_test_exit_code(lines: list[str]) -> list[str]:
     ]
 
 
-#: The eval scripts' grant of git access to the repository, which the eval sandbox's
-#: environment already gives (``safe.directory=*`` as its first ``GIT_CONFIG_*`` pair).
+#: The eval scripts' grant of git access to the repository, which the graded command's
+#: environment already gives (``safe.directory=*``, the first pair of ``GIT_SAFE_ENV``).
 _SAFE_DIRECTORY = "git config --global --add safe.directory "
 #: The grant, guarded: it runs only when the environment does not grant it already.
 _SAFE_DIRECTORY_GUARD = (
@@ -286,9 +286,9 @@ def run_script(script: str) -> str:
       on. The eval sandbox is killed right after, and swebench grades only what is between the
       markers (its checks for bad codes look at the whole log, and a reset's output carries
       none);
-    * ``git config --global --add safe.directory <dir>`` when the sandbox's environment grants
-      ``safe.directory=*`` already (as the local backend's does): it is guarded by that test, in
-      the script, so it still runs wherever the grant is missing.
+    * ``git config --global --add safe.directory <dir>`` when the environment grants
+      ``safe.directory=*`` already (every graded command's does: ``GIT_SAFE_ENV``): it is
+      guarded by that test, in the script, so it still runs wherever the grant is missing.
 
     Lines inside here-documents (the test patch) are never touched. A script without the end
     marker is returned unchanged but for the guard.
