@@ -15,6 +15,7 @@ import trio
 
 from trio_swe.grading import _swebench_api as sw
 from trio_swe.grading import evaluability_check, get_metadata
+from trio_swe.grading._patch import GIT_SAFE_ENV
 
 pytestmark = pytest.mark.swebench
 
@@ -325,9 +326,8 @@ async def test_the_guarded_grant_runs_only_where_the_environment_lacks_it(
     """Real bash and git: the guarded line writes the grant exactly when it is missing."""
     gitconfig = tmp_path / "gitconfig"
     env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "GIT_CONFIG_GLOBAL": str(gitconfig)}
-    if granted:
-        env |= {"GIT_CONFIG_COUNT": "1", "GIT_CONFIG_KEY_0": "safe.directory"}
-        env |= {"GIT_CONFIG_VALUE_0": "*"}
+    if granted:  # what every graded command carries
+        env |= GIT_SAFE_ENV
     else:  # another first pair: not the grant
         env |= {
             "GIT_CONFIG_COUNT": "1",
