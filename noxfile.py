@@ -74,7 +74,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=False)
 def typecheck(session: nox.Session) -> None:
-    """mypy, strict on the package."""
+    """mypy, strict on the package and the benchmarks."""
     session.run(tool("mypy"))
 
 

@@ -416,7 +416,7 @@ def bench_cpu(info: dict[str, str]) -> None:
 
 def bench_many(info: dict[str, str]) -> None:
     from trio_swe import exec_and_wait, open_sandbox
-    from trio_swe.sandbox.e2b import E2BBackend
+    from trio_swe.sandbox.e2b import E2BBackend, E2BSandboxStatistics
 
     full = os.environ.get("TRIO_SWE_BENCH_FULL") == "1"
     n, sec = (1000, 30.0) if full else (100, 10.0)
@@ -437,7 +437,9 @@ def bench_many(info: dict[str, str]) -> None:
                         r = await exec_and_wait(sb, f"sleep {sec}", time_budget_sec=sec + 120)
                         if r.exit_code != 0:
                             errors.append(f"{i}: {r}")
-                        rpcs.append(int(sb.statistics().rpcs))
+                        st = sb.statistics()
+                        assert isinstance(st, E2BSandboxStatistics)
+                        rpcs.append(st.rpcs)
                 except Exception as exc:
                     errors.append(f"{i}: {exc!r}")
 

@@ -303,8 +303,9 @@ class _Guest:
 
 
 def _hosting() -> None:
-    import ray
+    import ray as ray_module
 
+    ray: Any = ray_module  # actor handles and .remote are not typed by ray
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     threaded = ray.remote(_Threaded).options(max_concurrency=64, num_cpus=0).remote()
     guest = ray.remote(_Guest).options(max_concurrency=64, num_cpus=0).remote()
