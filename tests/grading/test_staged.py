@@ -738,3 +738,20 @@ async def test_a_setup_over_its_budget_is_cut(
     assert "calc" not in tree
     assert "ran" not in tree.split()
     assert trio.current_time() - t < 60  # the watchdog, not the 300 s sleep
+
+
+async def test_a_setup_that_kills_the_command_is_a_failed_setup(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(run_module, "SETUP_BUDGET_SEC", 1.0)  # the orphaned watchdog's sleep
+    staged, _, tree = await _apply_then_run(
+        backend,
+        tmp_path,
+        _gold(tmp_path),
+        "touch /tmp/trio_swe_eval/ran\n",
+        setups=(("pre_commands", "echo going\nkill -KILL $PPID"),),
+    )
+    # Its status is the command's, as when it ran on its own (run_logged).
+    assert staged.setup_failed == ("pre_commands exited with status 137", "going\n")
+    assert (staged.outcome.applied, staged.run) == (False, None)
+    assert "calc" not in tree

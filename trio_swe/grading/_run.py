@@ -735,19 +735,19 @@ async def _setup_failed(
     running when the command was cut (``st.setup_name``: that script)."""
     name = st.setup_name
     log_path = f"{EVAL_DIR}/{name}.log"
+    status = st.setup_status
     if st.setup_failed:
         log = st.setup_log if st.setup_log is not None else await read_text(sb, log_path)
         cut = st.setup_cut
-    elif overrun:  # the command's budget cut it, in case the sandbox's watchdog did not
-        log, cut = await read_text(sb, log_path), True
     else:
-        raise SandboxError(
-            f"the graded command ended inside the setup script {name}: {run.output[-300:]!r}"
-        )
+        # The command's budget cut it (in case the sandbox's watchdog did not), or the script
+        # took the command's shell down with it: its status is the command's, as run_logged
+        # would have had it.
+        log, cut, status = await read_text(sb, log_path), overrun, run.exit_code
     if cut:
         detail = f"{name} outlived its {budget_sec:g} s budget"
     else:
-        detail = f"{name} exited with status {st.setup_status}"
+        detail = f"{name} exited with status {status}"
     return AppliedRun(
         ApplyOutcome(False, None, ""),
         None,
