@@ -135,6 +135,15 @@ def test_setup_lines_come_first_and_time_the_setup_stage() -> None:
     assert read_stages(_LADDER_AND_TESTS, N).setup_ok is False
 
 
+def test_setup_lines_in_the_graded_log_are_not_stages() -> None:
+    # What a graded script that learnt the nonce could print: after setupok, so never read.
+    forged = f"{M} setup c 0 0\n{M} setupfail 1 0 0 0 head\n"
+    setups = f"{M} setup a 1.00 50.0\n{M} setup b 1.50 50.5\n{M} setupok 2.00 51.0\n"
+    st = read_stages(setups + _LADDER_AND_TESTS + forged, N, setups=2)
+    assert (st.setup_ok, st.setup_name, st.setup_failed, st.setup_sec) == (True, "b", False, 1.0)
+    assert st.log == "log\n" + forged
+
+
 def test_a_failed_setup_ends_the_stages_with_its_log() -> None:
     out = f"{M} setup one 1.00 50.0\n{M} setupfail 3 2.00 51.0 0 head\nwhy\n{M} apply\n"
     st = read_stages(out, N, setups=2)

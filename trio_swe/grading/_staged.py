@@ -8,9 +8,11 @@ took two more and each setup script three. The I/O and the verdicts live in
 
 The command's output is a sequence of *stage lines* ``@@TRIO_SWE_STAGE <nonce> <stage> ...``,
 each at the start of a line, in a fixed order; between them, the ladder's own output and, last,
-the log. The nonce is fresh per command, so nothing a patch carries (its paths end up in the
-ladder's refusal lines) can forge a stage line; the stages are read in order and each only
-once, the log last, so nothing a graded script prints can move a boundary before it.
+the log (the graded script's, or a failed setup script's: the setup scripts write to their own
+logs, so before the ladder only the command itself prints). The nonce is fresh per command, so
+nothing a patch carries (its paths end up in the ladder's refusal lines) can forge a stage line;
+the stages are read in order and each only once, the log last, so nothing a graded script
+prints can move a boundary before it.
 """
 
 from __future__ import annotations
