@@ -217,7 +217,7 @@ async def test_both_setups_run_in_order_and_the_graded_script_sees_them(
         grading_backend, get_metadata(row, "scaleswe"), calc.gold, timeout_sec=BUDGET_SEC
     )
     assert (result.reward, result.reason) == (1.0, "resolved"), result.detail
-    assert result.durations["setup"] > 0
+    assert 0 <= result.durations["setup"] <= result.durations["total"]
     # The check first and the test patch after it: the check fails.
     row = calc.swepro_row(tmp_path, before_repo_set_cmd=unless_applied)
     row["pre_commands"] = [f"git apply {calc._test_patch_file()}"]
