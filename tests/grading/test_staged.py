@@ -764,3 +764,17 @@ async def test_a_setup_that_kills_the_command_is_a_failed_setup(
     assert staged.setup_failed == ("pre_commands exited with status 137", "going\n")
     assert (staged.outcome.applied, staged.run) == (False, None)
     assert "calc" not in tree
+
+
+async def test_a_process_a_setup_starts_outlives_it(backend: Backend, tmp_path: Path) -> None:
+    # A service started by pre_commands (a database, say) is still there for the tests.
+    pid = "/tmp/trio_swe_eval/service.pid"
+    staged, _, _ = await _apply_then_run(
+        backend,
+        tmp_path,
+        _gold(tmp_path),
+        f'kill -0 "$(cat {pid})" && echo alive; kill -KILL "$(cat {pid})"',
+        setups=(("pre_commands", f"sleep 300 >/dev/null 2>&1 &\necho $! > {pid}"),),
+    )
+    assert staged.setup_failed is None
+    assert staged.log == "alive\n"
