@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import posixpath
 import shlex
 import time
 import uuid
@@ -45,7 +44,7 @@ from ._result import (
     EvalResult,
     log_tail,
 )
-from ._staged import SetupStep, Stages, read_stages, staged_command, whole_log
+from ._staged import SetupStep, Stages, read_stages, staged_command
 from ._types import InstanceMetadata
 
 #: Scratch directory of the grader inside the eval sandbox (outside the repository).
@@ -226,71 +225,6 @@ async def run_long(
     )
 
 
-#: A log up to this size comes back in the reply of the wait that sees the command end (the
-#: size ``exec_and_wait`` returns inline), saving a read; a larger one is read from its file.
-INLINE_LOG_BYTES: Final = 64 * 1024 - 64
-_LOG_HEADER: Final = "@@TRIO_SWE_LOG"
-
-
-def _here_doc(text: str, path: str) -> str:
-    """Shell that writes ``text`` (a line feed added if missing) to ``path`` verbatim: a quoted
-    here-document whose fresh delimiter is no line of the text."""
-    body = text if text.endswith("\n") else text + "\n"
-    delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
-    while delim in body.split("\n"):  # a line equal to the delimiter would end it early
-        delim = f"TRIO_SWE_SCRIPT_{uuid.uuid4().hex}"
-    return f"cat > {shlex.quote(path)} <<'{delim}'\n{body}{delim}\n"
-
-
-def logged_command(script: str, *, script_path: str, log_path: str) -> str:
-    """The command that writes ``script`` to ``script_path``, runs it with bash, stdout and
-    stderr merged in order into ``log_path``, then prints the log's first
-    :data:`INLINE_LOG_BYTES` + 1 bytes (see :func:`run_logged`). Its status is the script's.
-
-    The script travels in the command itself (a quoted here-document), one write fewer.
-    """
-    sp, lp = shlex.quote(script_path), shlex.quote(log_path)
-    return (
-        "exec 2>/dev/null\n"  # only the log may reach the output (the script's own is in it)
-        f"mkdir -p -- {shlex.quote(posixpath.dirname(script_path))} && "
-        + _here_doc(script, script_path)
-        + f"bash {sp} > {lp} 2>&1\n"
-        "s=$?\n"
-        # The head, one byte past the inline size: run_logged tells a whole log from a cut one.
-        f"echo {_LOG_HEADER} && head -c {INLINE_LOG_BYTES + 1} -- {lp}\n"
-        'exit "$s"\n'
-    )
-
-
-async def run_logged(
-    sb: Sandbox,
-    script: str,
-    *,
-    script_path: str,
-    log_path: str,
-    budget_sec: float,
-    env: Mapping[str, str] | None = None,
-) -> tuple[ExecResult, str]:
-    """Run ``script`` detached (:func:`logged_command`) and return its result and whole log.
-
-    A log that came back whole (at most :data:`INLINE_LOG_BYTES`) is the file's content;
-    otherwise (larger, or the command overran its budget) the log is read from ``log_path``.
-    """
-    run = await run_long(
-        sb,
-        logged_command(script, script_path=script_path, log_path=log_path),
-        budget_sec=budget_sec,
-        env=env,
-        want_output=True,
-    )
-    head, sep, log = run.output.partition("\n")
-    if run.reason == "exit" and sep and head == _LOG_HEADER:
-        whole = whole_log(log, INLINE_LOG_BYTES)
-        if whole is not None:
-            return run, whole
-    return run, await read_text(sb, log_path)
-
-
 async def read_text(sb: Sandbox, path: str) -> str:
     """A file from the sandbox as text; ``""`` only if it does not exist (the command never
     got to write it), never for an infrastructure failure. Backends return files whole, so a
@@ -335,71 +269,6 @@ class ApplyOutcome:
         self.refused = refused
         self.head = head
         self.wrong_head = wrong_head
-
-
-#: An apply script up to this size travels as the exec's command (``bash -c``); a larger one
-#: (a patch touching thousands of paths) is written to a file first. Well below the kernel's
-#: limit of one argument (128 KiB).
-_INLINE_SCRIPT_BYTES: Final = 64 * 1024
-
-
-async def apply_patch(
-    sb: Sandbox, md: InstanceMetadata, patch: bytes, *, expect_head: str | None = None
-) -> ApplyOutcome:
-    """Run the apply ladder on ``patch`` in the sandbox's workdir.
-
-    A patch that :func:`~._patch.refused_paths` refuses is never written to the sandbox. With
-    ``expect_head`` (a row's ``base_commit``), the same script first checks that the checkout
-    is that commit and applies nothing when it is not (``outcome.wrong_head``). Two round
-    trips: the patch (bytes, as they are) is written, then one exec runs the ladder, whose
-    script carries the touched paths.
-    """
-    empty = is_empty_patch(patch)
-    if empty and expect_head is None:
-        return ApplyOutcome(True, "empty", "")
-    if not empty:
-        refused = refused_paths(patch)
-        if refused:
-            detail = "; ".join(refused[:5]) + (
-                f" (and {len(refused) - 5} more)" if len(refused) > 5 else ""
-            )
-            return ApplyOutcome(False, None, "", refused=f"patch refused: {detail}")
-    state = f"{EVAL_DIR}/apply"
-    patch_path = f"{EVAL_DIR}/patch.diff"
-    list_path = f"{EVAL_DIR}/patch.paths"
-    paths = b"".join(p.encode("utf-8", "surrogateescape") + b"\x00" for p in touched_paths(patch))
-    if not empty:
-        await sb.write_file(patch_path, patch, user="root")
-
-    def script(inline: bool) -> str:
-        return apply_script(
-            workdir=md.workdir,
-            patch_path=None if empty else patch_path,
-            list_path=list_path,
-            state_dir=state,
-            paths=paths if inline else None,
-            expect_head=expect_head,
-        )
-
-    cmd = f"bash -c {shlex.quote(script(inline=True))} trio-swe-apply"
-    if len(cmd.encode()) > _INLINE_SCRIPT_BYTES:
-        await sb.write_file(list_path, paths, user="root")
-        await sb.write_file(f"{EVAL_DIR}/apply.sh", script(inline=False), user="root")
-        cmd = f"bash {EVAL_DIR}/apply.sh"
-    r = await sb.exec(cmd, user="root", env=SAFE_ENV, timeout=APPLY_TIMEOUT_SEC)
-    head = parse_head(r.output)
-    if wrong_head(r.output):
-        return ApplyOutcome(False, None, r.output, head=head, wrong_head=True)
-    applied, rung = parse_verdict(r.output)
-    script_refused = parse_refusal(r.output)
-    if script_refused is not None:
-        return ApplyOutcome(
-            False, None, r.output, refused=f"patch refused: {script_refused}", head=head
-        )
-    log = "" if applied else await read_text(sb, f"{state}/apply.log")
-    if r.reason == "timeout":
-        log += f"\n(apply ladder exceeded {APPLY_TIMEOUT_SEC:.0f} s)"
-    return ApplyOutcome(applied, rung, log, head=head)
 
 
 def not_applied_result(
@@ -557,7 +426,7 @@ async def apply_then_run(
     graded test files archived, then put back over the patch; a failure of either ends the
     command (``AppliedRun.hook_failed``; a failed ``save`` leaves the patch unapplied).
 
-    As strict as :func:`apply_patch` then :func:`run_logged`: a patch that
+    The ladder is :func:`~._patch.apply_script`'s: a patch that
     :func:`~._patch.refused_paths` refuses is never written; ``expect_head`` is checked before
     any rung; the script runs only after an ``ok`` verdict, and the verdict is read from the
     ladder's own output, which must agree with its exit status (else :class:`SandboxError`: an
@@ -568,8 +437,7 @@ async def apply_then_run(
     A ladder slow enough to have eaten into the script's budget followed by a cut is a
     :class:`SandboxError`, not a timeout of the tests.
 
-    ``setups`` (name, script) run first, in order, as :func:`run_logged` would run them with
-    :data:`SETUP_BUDGET_SEC` each (written to ``EVAL_DIR/<name>.sh``, their output to
+    ``setups`` (name, script) run first, in order, with bash, :data:`SETUP_BUDGET_SEC` each (written to ``EVAL_DIR/<name>.sh``, their output to
     ``<name>.log``; with :data:`SAFE_ENV`, ``env`` being the ladder's and the script's), after
     ``assets`` (path -> content, mode 0755) are written. The first that fails ends the command
     (``AppliedRun.setup_failed``: ``"<name> exited with status N"`` or ``"<name> outlived its
@@ -712,7 +580,7 @@ async def apply_then_run(
         )
     if not st.tests_ended:
         # Cut by the command's budget, or the script took its shell down with it: the log
-        # file is what it wrote, graded as run_logged grades it.
+        # file is what it wrote.
         log = await read_text(sb, log_path)
         return AppliedRun(
             outcome, _as_overrun(run) if overrun else run, log, apply_sec, setup_sec=setup_sec
@@ -741,8 +609,7 @@ async def _setup_failed(
         cut = st.setup_cut
     else:
         # The command's budget cut it (in case the sandbox's watchdog did not), or the script
-        # took the command's shell down with it: its status is the command's, as run_logged
-        # would have had it.
+        # took the command's shell down with it: its status is the command's.
         log, cut, status = await read_text(sb, log_path), overrun, run.exit_code
     if cut:
         detail = f"{name} outlived its {budget_sec:g} s budget"
