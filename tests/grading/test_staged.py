@@ -760,7 +760,7 @@ async def test_a_setup_that_kills_the_command_is_a_failed_setup(
         "touch /tmp/trio_swe_eval/ran\n",
         setups=(("pre_commands", "echo going\nkill -KILL $PPID"),),
     )
-    # Its status is the command's, as when it ran on its own (run_logged).
+    # Its status is the command's, as when each setup was a detached command of its own.
     assert staged.setup_failed == ("pre_commands exited with status 137", "going\n")
     assert (staged.outcome.applied, staged.run) == (False, None)
     assert "calc" not in tree
