@@ -38,16 +38,15 @@ async def test_relative_state_dir_boots_path_at_commit_images(
 
 async def test_a_failed_overlay_mount_names_what_was_mounted() -> None:
     # A real process failing as `mount` does before bwrap starts.
-    r, w = os.pipe()
+    r = os.memfd_create("info")  # as the backend's: bwrap never got to write it
     proc = await trio.lowlevel.open_process(
         ["sh", "-c", "echo 'mount: /x/merged: special device overlay does not exist.' >&2"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     )
-    os.close(w)
-    # As when the mount fails: the process has exited (so the info pipe is at EOF) and its
-    # message waits in the stderr pipe.
+    # As when the mount fails: the process has exited (so its stdout is at EOF, no "ready")
+    # and its message waits in the stderr pipe.
     await proc.wait()
     what = " (overlay mount of image '/src@abc': lowerdir=/s/lower, on /s/merged)"
     with pytest.raises(SandboxBootError) as info:

@@ -40,13 +40,19 @@ _REQUIRED_TOOLS = {
     "setpriv": "util-linux",
 }
 
-# Mounts the overlay in the private mount namespace made by `unshare`, then becomes bwrap.
-# Paths (and the extra options, ours) arrive as positional arguments, never spliced into the
-# script.
-_OVERLAY_THEN_EXEC = (
-    'mount -t overlay -o "lowerdir=$1,upperdir=$2,workdir=$3$4" overlay "$5" '
-    '&& shift 5 && exec "$@"'
+# Mounts the overlay in the private mount namespace made by `unshare`, then runs bwrap. Paths
+# (and the extra options, ours) arrive as positional arguments, never spliced into the script.
+# The shell stays bwrap's parent (no `exec`): see _PARENT.
+_OVERLAY_THEN_RUN = (
+    'mount -t overlay -o "lowerdir=$1,upperdir=$2,workdir=$3$4" overlay "$5" && shift 5 && "$@"'
 )
+# The process a boot starts is a shell that runs bwrap as its child, never bwrap itself. A
+# supervisor that kills a dead worker's direct children (Ray does, by default) would otherwise
+# kill bwrap in the middle of its setup, after it has cloned the namespace's first process and
+# before it lets it run: that process then waits for bwrap's go-ahead forever, holding its
+# namespaces and mounts. With the shell killed instead, bwrap finishes the boot, and the sandbox
+# ends through its lifeline (the init's stdin, whose writer was the dead worker).
+_PARENT: Final = ("sh", "-c", '"$@"', "bwrap-parent")
 #: The overlay's extra mount option where the kernel has it (Linux 5.10+). Without it, every
 #: unmount of an overlay (each sandbox's kill: its mount namespace is torn down) runs
 #: ``sync_filesystem`` on the *upper layer's whole file system* (the host's disk under the
@@ -77,7 +83,7 @@ def _overlay_argv(
         *unshare,
         "sh",
         "-c",
-        _OVERLAY_THEN_EXEC,
+        _OVERLAY_THEN_RUN,
         "overlay",
         *paths,
         options,
@@ -400,7 +406,10 @@ class LocalBackend(trio.abc.AsyncResource):
                 argv, users, base_env = await trio.to_thread.run_sync(
                     self._prepare, state, lower, workdir, spec, False
                 )
-            info_r, info_w = os.pipe()
+            # bwrap writes the init's pid to a memory file, not a pipe: a write to a pipe whose
+            # reader died (a killed worker) would kill bwrap before it lets the init run.
+            info_w = os.memfd_create("trio-swe-bwrap-info", os.MFD_CLOEXEC)
+            info_r = os.dup(info_w)
             argv = [str(info_w) if a == "{INFO_FD}" else a for a in argv]
             try:
                 bwrap = await trio.lowlevel.open_process(
@@ -572,7 +581,7 @@ class LocalBackend(trio.abc.AsyncResource):
                 options=self._overlay_options,
             )
         else:
-            argv = bwrap
+            argv = [*_PARENT, *bwrap]
         return argv, {"root": ROOT, agent.name: agent}, base_env
 
     def _prepare_oci(
@@ -645,31 +654,26 @@ class LocalBackend(trio.abc.AsyncResource):
 async def _read_child_pid(
     fd: int, bwrap: trio.Process, timeout_sec: float, mounted: str = ""
 ) -> int:
-    """Read bwrap's ``--info-fd`` JSON ({"child-pid": N}); fail with its stderr if it died.
+    """Wait for the init's ``ready`` line, then read bwrap's ``--info-fd`` JSON ({"child-pid":
+    N}) from the memory file ``fd`` (bwrap writes it before the init starts; closed here);
+    fail with bwrap's stderr if it died.
 
     ``mounted`` describes the overlay mount made before bwrap, named when that mount failed.
     """
-    stream = trio.lowlevel.FdStream(fd)
-    data = b""
     deadline = trio.current_time() + timeout_sec
-    try:
-        with trio.move_on_at(deadline):
-            while b"}" not in data:
-                chunk = await stream.receive_some(4096)
-                if not chunk:
-                    break
-                data += bytes(chunk)
-    finally:
-        await stream.aclose()
     ready = b""
-    if data and bwrap.stdout is not None:
-        with trio.move_on_at(deadline):
-            while b"\n" not in ready:
-                line = await bwrap.stdout.receive_some(64)
-                if not line:
-                    break
-                ready += bytes(line)
-        await bwrap.stdout.aclose()
+    try:
+        if bwrap.stdout is not None:
+            with trio.move_on_at(deadline):
+                while b"\n" not in ready:
+                    line = await bwrap.stdout.receive_some(64)
+                    if not line:
+                        break
+                    ready += bytes(line)
+            await bwrap.stdout.aclose()
+        data = os.pread(fd, 4096, 0)
+    finally:
+        os.close(fd)
     try:
         if ready != b"ready\n":
             raise ValueError("sandbox init did not report ready")
@@ -679,7 +683,7 @@ async def _read_child_pid(
         if bwrap.stderr is not None:
             with trio.move_on_after(2):
                 if bwrap.returncode is None:
-                    bwrap.kill()
+                    kill_process_group(bwrap.pid)  # the shell, bwrap, and what bwrap started
                 while piece := await bwrap.stderr.receive_some(65536):
                     err += bytes(piece)
         if trio.current_time() >= deadline:
