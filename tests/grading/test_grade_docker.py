@@ -13,13 +13,25 @@ from pathlib import Path
 
 import pytest
 
-from trio_swe.grading import get_metadata, run_evaluation
+from trio_swe.grading import EvalResult, InstanceMetadata, get_metadata, run_evaluation
 from trio_swe.sandbox.docker import DockerBackend
 
 from ..dockerenv import DockerEnv
 from ._calc import build_calc_repo
 
 pytestmark = pytest.mark.swebench
+
+
+async def _graded(
+    docker_env: DockerEnv, md: InstanceMetadata, patch: str, reward: float, reason: str
+) -> EvalResult:
+    """``md`` graded on a fresh DockerBackend: the reward and reason expected, nothing left."""
+    async with DockerBackend(host=docker_env.docker_host) as backend:
+        result = await run_evaluation(backend, md, patch, timeout_sec=120)
+        assert backend.statistics().live == 0
+    explain = f"{result.reason}: {result.detail}\n{result.log_tail[-1500:]}"
+    assert (result.reward, result.reason) == (reward, reason), explain
+    return result
 
 
 @pytest.mark.parametrize(
@@ -33,11 +45,7 @@ async def test_swebench_row_in_docker_image(
     calc = dataclasses.replace(build_calc_repo(tmp_path), base=docker_env.calc_base)
     md = get_metadata(calc.swebench_v5_row(image=docker_env.swe_image), "swebench")
     patch = "" if outcome == "empty" else getattr(calc, outcome)
-    async with DockerBackend(host=docker_env.docker_host) as backend:
-        result = await run_evaluation(backend, md, patch, timeout_sec=120)
-        assert backend.statistics().live == 0
-    explain = f"{result.reason}: {result.detail}\n{result.log_tail[-1500:]}"
-    assert (result.reward, result.reason) == (reward, reason), explain
+    result = await _graded(docker_env, md, patch, reward, reason)
     assert "conda: no env" not in result.log_tail
     if outcome == "gold":
         assert result.f2p_passed == result.f2p_total == 2
@@ -70,11 +78,7 @@ async def test_scaleswe_row_with_its_setup_in_docker_image(
     }
     md = get_metadata(row, "scaleswe")
     patch = "" if outcome == "empty" else calc.gold
-    async with DockerBackend(host=docker_env.docker_host) as backend:
-        result = await run_evaluation(backend, md, patch, timeout_sec=120)
-        assert backend.statistics().live == 0
-    explain = f"{result.reason}: {result.detail}\n{result.log_tail[-1500:]}"
-    assert (result.reward, result.reason) == (reward, reason), explain
+    result = await _graded(docker_env, md, patch, reward, reason)
     assert result.infra_failure == (outcome == "bad_setup")
     if outcome == "bad_setup":
         assert result.detail == "pre_commands exited with status 3"
