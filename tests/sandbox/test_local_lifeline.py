@@ -53,9 +53,11 @@ trio.run(main)
 
 
 def _children(pid: int) -> list[int]:
+    """The children of every thread of ``pid`` (a worker's threads come and go)."""
     found: list[int] = []
     for task in Path(f"/proc/{pid}/task").iterdir():
-        found += [int(c) for c in (task / "children").read_text().split()]
+        with contextlib.suppress(OSError):
+            found += [int(c) for c in (task / "children").read_text().split()]
     return found
 
 
@@ -75,7 +77,9 @@ async def test_a_worker_killed_mid_boot_leaves_nothing(tmp_path: Path, children_
         with trio.fail_after(60):  # a hang guard only
             buf = b""
             while seen < nth:
-                buf += await worker.stdout.receive_some(64)
+                chunk = await worker.stdout.receive_some(64)
+                assert chunk, "the worker exited on its own"
+                buf += chunk
                 seen = buf.count(b"spawned")
         # Killed right as a boot starts, before bwrap writes the pid; as Ray does, its direct
         # children too, or (a crash) not.
