@@ -148,10 +148,11 @@ def touched_paths(patch: str | bytes) -> list[str]:
             g = _DIFF_GIT.match(line)
             if not g or '"' in g.group(1):
                 continue
-            # ``diff --git a/x b/x``: unambiguous only when both halves are equal.
+            # ``diff --git a/x b/x``: unambiguous only when both halves are equal (so its length
+            # is odd: two equal halves around one space; an empty rest has none).
             rest = g.group(1)
             half = len(rest) // 2
-            if rest[half] != " " or rest[:half][2:] != rest[half + 1 :][2:]:
+            if len(rest) % 2 == 0 or rest[half] != " " or rest[:half][2:] != rest[half + 1 :][2:]:
                 continue
             path = _strip_prefix(rest[:half])
         if path and _safe(path):
