@@ -153,9 +153,13 @@ def test_parse_marker_and_done() -> None:
     assert L.parse_marker("n1", "255", nonce="n1") == 255
     with pytest.raises(SandboxError, match="another call"):
         L.parse_marker("n2", "0", nonce="n1")
-    for bad in ("", "-1", "x", "1.5"):
+    # Digits beyond ASCII pass str.isdigit(): "²" made int() raise ValueError, "١٢" read as 12.
+    for bad in ("", "-1", "x", "1.5", "²", "١٢"):
         with pytest.raises(SandboxError):
             L.parse_marker("n1", bad, nonce="n1")
+    for size in ("²", "١٢"):
+        with pytest.raises(SandboxError):
+            L.parse_done(L.parse_reply(f"TRIO_SWE done n1 0 {size}\n"), nonce="n1")
     reply = L.parse_reply("TRIO_SWE done n1 3 99\n")
     assert L.parse_done(reply, nonce="n1") == (3, 99)
     with pytest.raises(SandboxError):

@@ -512,7 +512,7 @@ def parse_marker(nonce_field: str, status_field: str, *, nonce: str) -> int:
         raise SandboxError(
             f"detached execution: done marker of another call ({nonce_field!r} != {nonce!r})"
         )
-    if not status_field.isdigit():
+    if not (status_field.isascii() and status_field.isdigit()):
         raise SandboxError(f"detached execution: malformed exit status {status_field!r}")
     return int(status_field)
 
@@ -526,7 +526,7 @@ def parse_done(reply: Reply, *, nonce: str) -> tuple[int, int]:
 
 
 def _int_field(text: str) -> int:
-    if not text.isdigit():
+    if not (text.isascii() and text.isdigit()):
         raise SandboxError(f"detached execution: malformed number {text!r} in reply")
     return int(text)
 

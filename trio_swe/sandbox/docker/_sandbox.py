@@ -227,7 +227,7 @@ class DockerSandbox:
                 ["/bin/sh", "-c", 'id -u "$1" && id -g "$1"', "id", user], cwd="/"
             )
             nums = out.split()
-            if status != 0 or len(nums) != 2 or not all(n.isdigit() for n in nums):
+            if status != 0 or len(nums) != 2 or not all(n.isascii() and n.isdigit() for n in nums):
                 raise InvalidArgumentError(f"unknown user {user!r} in container {self._cid[:12]}")
             self._ids[user] = (int(nums[0]), int(nums[1]))
         return self._ids[user]

@@ -188,7 +188,7 @@ def is_stale(owner: str, *, host: str, boot_id: str, alive: Callable[[int, str],
     and start time, so a reused pid does not count) no longer runs.
     """
     parts = owner.split("/")
-    if len(parts) != 4 or parts[0] != host or not parts[2].isdigit():
+    if len(parts) != 4 or parts[0] != host or not (parts[2].isascii() and parts[2].isdigit()):
         return False
     if parts[1] != boot_id:
         return True

@@ -61,7 +61,7 @@ def signal_number(status: str) -> int | None:
     name = status.removeprefix("signal: ").strip().lower()
     if name.startswith("signal "):
         name = name.removeprefix("signal ")
-        return int(name) if name.isdigit() else None
+        return int(name) if name.isascii() and name.isdigit() else None
     return _SIGNALS.get(name)
 
 

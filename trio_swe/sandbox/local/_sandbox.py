@@ -407,7 +407,7 @@ class LocalSandbox:
             )
         if status == _TOO_LARGE_STATUS and max_bytes is not None:
             raise SandboxFileTooLargeError(
-                path, max_bytes, int(detail) if detail.isdigit() else None
+                path, max_bytes, int(detail) if detail.isascii() and detail.isdigit() else None
             )
         if status != 0:
             raise SandboxError(f"read_file {path!r} failed ({status}): {detail}")
