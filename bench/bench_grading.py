@@ -4,7 +4,7 @@ A grading = image check + fresh sandbox + patch ladder + the row's eval script +
 (``run_evaluation``). Its baseline is the row's *test command alone* (e.g. ``pytest -rA
 tests/test_config.py``), run in an already booted sandbox where the test patch and the gold patch
 are applied, through ``exec_and_wait``. Ratio = median grading / median baseline over
-``BENCH_GRADING_N`` (default 10) gradings per case and as many baseline runs, interleaved (ABBA)
+``BENCH_GRADING_N`` (default 15) gradings per case and as many baseline runs, interleaved (ABBA)
 so that load drifting on a shared machine hits both sides alike. ``BENCH_GRADING_CASES=flask``
 runs only the cases whose name contains one of the comma-separated words.
 
@@ -64,10 +64,13 @@ from trio_swe.sandbox import exec_and_wait, open_sandbox
 from trio_swe.sandbox.local import LocalBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench._stats import paired_median_ci, ratio_of_medians_ci, verdict
 from bench.prepare_grading import FLASK_ROW, prepared_flask
 from tests.grading._calc import F2P_SCRIPT, P2P, build_calc_repo
 
-N = int(os.environ.get("BENCH_GRADING_N", "10"))
+N = int(os.environ.get("BENCH_GRADING_N", "15"))
+#: The issue's goal for the ratio (grading / tests alone), checked against the 95 % intervals.
+GOAL = 1.1
 #: Only the cases whose name contains one of these comma-separated words (default: all).
 ONLY = [w for w in os.environ.get("BENCH_GRADING_CASES", "").split(",") if w]
 #: The eval scripts' own environment set-up (the shims' conda activate), for both sides.
@@ -262,7 +265,10 @@ def main() -> None:
             warm = statistics.median(warm_runs)
             wall = statistics.median(w for w, _ in runs)
             # Each grading beside the test run next to it (ABBA pairs): drift cancels out.
-            paired = statistics.median(w / a for (w, _), a in zip(runs, alone_runs, strict=True))
+            pairs = [w / a for (w, _), a in zip(runs, alone_runs, strict=True)]
+            paired = statistics.median(pairs)
+            r_lo, r_hi = ratio_of_medians_ci([w for w, _ in runs], alone_runs)
+            p_lo, p_hi = paired_median_ci(pairs)
             phases = {
                 k: statistics.median(d.get(k, 0.0) for _, d in runs)
                 for k in ("spec", "boot", "setup", "apply", "tests", "parse", "kill")
@@ -277,6 +283,12 @@ def main() -> None:
             print(
                 f"{'':40} grading runs {_spread(w for w, _ in runs)}; "
                 f"tests alone runs {_spread(alone_runs)}; paired ratio median {paired:.2f}",
+                flush=True,
+            )
+            print(
+                f"{'':40} 95 % intervals: ratio {r_lo:.2f}-{r_hi:.2f} "
+                f"({verdict(r_lo, r_hi, GOAL)} {GOAL}), paired {p_lo:.2f}-{p_hi:.2f} "
+                f"({verdict(p_lo, p_hi, GOAL)} {GOAL})",
                 flush=True,
             )
             print(
