@@ -130,6 +130,28 @@ async def test_git_image_at_commit(make_git_repo: GitRepoFactory) -> None:
             pass
 
 
+async def test_checkouts_of_many_commits_keep_no_lock(make_git_repo: GitRepoFactory) -> None:
+    """A checkout is built under a lock per image; the lock goes when its boot is done (a run
+    of days meets thousands of images)."""
+    repo, first = make_git_repo({"v.txt": "0\n"})
+    commits = [first]
+    for i in range(1, 4):
+        (repo / "v.txt").write_text(f"{i}\n")
+        git(repo, "commit", "-qam", f"commit {i}")
+        commits.append(git(repo, "rev-parse", "HEAD"))
+    backend = LocalBackend()
+    async with trio.open_nursery() as nursery:  # two boots of each image at once
+        for commit in commits * 2:
+            nursery.start_soon(_read_version, backend, f"{repo}@{commit}")
+    assert len(backend._images._locks) == 0
+    assert backend.statistics().created == 8
+
+
+async def _read_version(backend: LocalBackend, image: str) -> None:
+    async with open_sandbox(backend, image) as sb:
+        assert (await sb.exec("cat v.txt")).ok
+
+
 async def test_kill_removes_daemons_mounts_and_state(image: Path, tmp_path: Path) -> None:
     marker = f"marker-{uuid.uuid4().hex}"
     state = tmp_path / "state"

@@ -116,6 +116,22 @@ def test_the_host_root_is_planned_once_while_unchanged() -> None:
     assert host.listings == 2
 
 
+def test_plans_are_kept_for_the_most_recent_target_sets_only() -> None:
+    host = _Host()
+    cache = HostRootCache(
+        state=host.state.get, now=lambda: host.now, plan=host.plan, settle_sec=1.0, maxsize=4
+    )
+    # Rows may each name their own workdir: a run of days must not keep a plan for every one.
+    for i in range(100):
+        cache.host_args([f"/work{i}"])
+    assert host.listings == 100
+    assert len(cache._plans) == len(cache._paths) == 4
+    cache.host_args(["/work99"])  # recent: reused
+    assert host.listings == 100
+    cache.host_args(["/work0"])  # evicted long ago: planned again
+    assert host.listings == 101
+
+
 @pytest.mark.parametrize("change", ["listing", "kind", "target_appears", "ancestor_replaced"])
 def test_a_change_of_the_host_tree_plans_again(change: str) -> None:
     host = _Host()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -12,6 +11,7 @@ import trio
 
 from .._errors import SandboxError
 from .._groups import open_private_nursery
+from .._lru import Lru
 from ..sandbox import Backend
 from . import _result as R
 from . import _swebench_api
@@ -53,7 +53,7 @@ class SweBenchProtocol:
 
     def __init__(self) -> None:
         # instance id -> (the metadata it was built for, its TestSpec); checks run in threads.
-        self._specs: OrderedDict[str, tuple[InstanceMetadata, Any]] = OrderedDict()
+        self._specs: Lru[str, tuple[InstanceMetadata, Any]] = Lru(SPEC_CACHE_SIZE)
         self._specs_lock = threading.Lock()
 
     def _cached_spec(self, md: InstanceMetadata) -> Any:
@@ -62,7 +62,6 @@ class SweBenchProtocol:
             hit = self._specs.get(md.instance_id)
             if hit is None or hit[0] != md:
                 return None
-            self._specs.move_to_end(md.instance_id)
             return hit[1]
 
     def get_metadata(self, row: Mapping[str, Any]) -> InstanceMetadata:
@@ -101,10 +100,7 @@ class SweBenchProtocol:
         except _swebench_api.SpecBuildError as exc:
             return (f"{exc.reason}:{exc.detail}" if exc.detail else exc.reason), None
         with self._specs_lock:
-            self._specs[md.instance_id] = (md, spec)
-            self._specs.move_to_end(md.instance_id)
-            while len(self._specs) > SPEC_CACHE_SIZE:
-                self._specs.popitem(last=False)
+            self._specs.put(md.instance_id, (md, spec))
         return None, spec
 
     async def _evaluate(

@@ -25,6 +25,7 @@ from ..._errors import (
     SandboxBootError,
     SandboxError,
 )
+from .._keyed import KeyedLock
 from .._types import BackendStatistics, ResourceLimits, SandboxSpec
 from .._validate import check_abs_path, check_env
 from ..local._image import ImageCache, split_image
@@ -214,7 +215,7 @@ class DockerBackend:
         self._token: object | None = None
         self._ready = False
         self._podman = False
-        self._pull_locks: dict[str, trio.Lock] = {}
+        self._pull_locks = KeyedLock()
         self._counter = itertools.count()
         self._host = socket.gethostname()
         self._boot_id = _boot_id()
@@ -304,8 +305,7 @@ class DockerBackend:
         engine = await self.engine()
         if await engine.image_inspect(ref) is not None:
             return
-        lock = self._pull_locks.setdefault(ref, trio.Lock())
-        async with lock:
+        async with self._pull_locks.hold(ref):
             if await engine.image_inspect(ref) is not None:
                 return
             if self._pull == "never":

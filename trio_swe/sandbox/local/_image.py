@@ -15,6 +15,7 @@ from pathlib import Path
 import trio
 
 from ..._errors import PermanentBootError, SandboxBootError
+from .._keyed import KeyedLock
 
 
 def split_image(image: str) -> tuple[Path, str | None]:
@@ -131,7 +132,7 @@ class ImageCache:
 
     def __init__(self, root: Path) -> None:
         self._root = root
-        self._locks: dict[str, trio.Lock] = {}
+        self._locks = KeyedLock()
 
     def cached(self, image: str) -> tuple[Path, str] | None:
         """``(checkout, commit)`` of a ``path@<full commit id>`` image already built, found
@@ -172,8 +173,7 @@ class ImageCache:
         sha = found.stdout.decode().strip()
         key = _key(repo, sha)
         final = self._root / key
-        lock = self._locks.setdefault(key, trio.Lock())
-        async with lock:
+        async with self._locks.hold(key):
             if final.is_dir():
                 return final
             self._root.mkdir(parents=True, exist_ok=True)

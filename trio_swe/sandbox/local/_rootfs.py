@@ -19,6 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import PurePosixPath
 from typing import TypeAlias
 
+from ..._lru import Lru
+
 # Host paths never exposed as they are: bwrap gives the sandbox its own.
 _PRIVATE_TOP = frozenset({"proc", "dev", "tmp"})
 
@@ -166,7 +168,9 @@ class HostRootCache:
     is the same. File systems stamp mtimes coarsely (a change right after a listing can
     carry the mtime seen before it), so a plan is kept only once every one of those mtimes is
     ``settle_sec`` older than the moment it was planned (git's rule for racily clean index
-    entries). Sans-IO: ``state`` and ``now`` are injectable; planning uses ``plan``.
+    entries). The ``maxsize`` most recently used sets of targets are kept (a workdir is one of
+    the targets, and rows may each name their own). Sans-IO: ``state`` and ``now`` are
+    injectable; planning uses ``plan``.
     """
 
     def __init__(
@@ -176,20 +180,22 @@ class HostRootCache:
         now: Callable[[], float] = time.time,
         plan: Callable[[Iterable[str]], list[str]] = plan_host_root,
         settle_sec: float = 1.0,
+        maxsize: int = 64,
     ) -> None:
         self._state = state
         self._now = now
         self._plan = plan
         self._settle_ns = int(settle_sec * 1e9)
-        self._plans: dict[frozenset[str], tuple[tuple[PathState, ...], list[str]]] = {}
-        self._paths: dict[frozenset[str], list[str]] = {}
+        self._plans: Lru[frozenset[str], tuple[tuple[PathState, ...], list[str]]] = Lru(maxsize)
+        self._paths: Lru[frozenset[str], list[str]] = Lru(maxsize)
         self.planned = 0  # how many times the tree was listed (statistics, tests)
 
     def host_args(self, targets: Iterable[str]) -> list[str]:
         key = frozenset(targets)
         paths = self._paths.get(key)
         if paths is None:  # the paths to look at, once per key (PurePosixPath is slow)
-            paths = self._paths[key] = sorted({"/", *key, *(a for t in key for a in _ancestors(t))})
+            paths = sorted({"/", *key, *(a for t in key for a in _ancestors(t))})
+            self._paths.put(key, paths)
         t0 = int(self._now() * 1e9)
         seen = tuple(self._state(p) for p in paths)
         hit = self._plans.get(key)
@@ -198,7 +204,7 @@ class HostRootCache:
         args = self._plan(key)
         self.planned += 1
         if all(s is None or s[3] < t0 - self._settle_ns for s in seen):
-            self._plans[key] = (seen, args)
+            self._plans.put(key, (seen, args))
         else:
-            self._plans.pop(key, None)
+            self._plans.pop(key)
         return list(args)

@@ -29,6 +29,8 @@ import msgspec
 import trio
 
 from ..._groups import open_private_nursery
+from ..._lru import Lru
+from .._keyed import KeyedLock
 from ._manifest import (
     Descriptor,
     ImageConfig,
@@ -49,6 +51,9 @@ from ._unpack import unpack_layer
 _REF_NAME = "org.opencontainers.image.ref.name"
 #: Layer downloads in flight at once (docker pulls three at a time too).
 _PARALLEL_DOWNLOADS = 3
+#: Resolved images kept in memory (the most recently used); an older one is looked up again
+#: (its manifest read, its layers found in the cache directory) when it comes back.
+RESOLVED_CACHE_SIZE = 1024
 
 
 class OciImage(msgspec.Struct, frozen=True):
@@ -134,7 +139,8 @@ class OciStoreStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """The image cache's counters.
 
     Attributes:
-        images_resolved: images looked up and ready (once per name per process).
+        images_resolved: images looked up and ready (once per name while it is among the
+            :data:`RESOLVED_CACHE_SIZE` most recently used).
         layers_unpacked: layers downloaded (or read) and unpacked into the cache.
         layers_reused: layers found unpacked in the cache.
         bytes_downloaded: bytes fetched from registries.
@@ -168,8 +174,8 @@ class OciStore:
         self._plain_http = frozenset(plain_http)
         self._timeout = timeout
         self._platform = platform
-        self._locks: dict[str, trio.Lock] = {}
-        self._resolved: dict[str, OciImage] = {}
+        self._locks = KeyedLock()
+        self._resolved: Lru[str, OciImage] = Lru(RESOLVED_CACHE_SIZE)
         self._stats: dict[str, int] = {
             "images_resolved": 0,
             "layers_unpacked": 0,
@@ -180,14 +186,14 @@ class OciStore:
     def statistics(self) -> OciStoreStatistics:
         return OciStoreStatistics(**self._stats)
 
-    def _lock(self, key: str) -> trio.Lock:
-        return self._locks.setdefault(key, trio.Lock())
-
     async def get(self, image: str) -> OciImage:
-        """The image, pulled and unpacked unless the cache has it (once per process per name)."""
-        async with self._lock("image:" + image):
-            if image in self._resolved:
-                return self._resolved[image]
+        """The image, pulled and unpacked unless the cache has it (once per name while it is
+        among the :data:`RESOLVED_CACHE_SIZE` most recently used; after that, its layers are
+        found on disk)."""
+        async with self._locks.hold("image:" + image):
+            hit = self._resolved.get(image)
+            if hit is not None:
+                return hit
             for sub in ("layers", "images", "tmp"):
                 (self.root / sub).mkdir(parents=True, exist_ok=True)
             source = parse_source(image)
@@ -197,7 +203,7 @@ class OciStore:
                 result = await self._from_layout(Path(source.location), source.tag)
             else:
                 result = await self._from_archive(Path(source.location))
-            self._resolved[image] = result
+            self._resolved.put(image, result)
             self._stats["images_resolved"] += 1
             return result
 
@@ -208,7 +214,7 @@ class OciStore:
         paths: list[Path] = []
         for i, chain in enumerate(chains):
             final = self.root / "layers" / chain
-            async with self._lock("layer:" + chain):
+            async with self._locks.hold("layer:" + chain):
                 if final.is_dir():
                     self._stats["layers_reused"] += 1
                 else:
