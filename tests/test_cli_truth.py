@@ -66,6 +66,15 @@ async def test_a_missing_instances_file_is_one_line_and_creates_nothing(tmp_path
     assert not (tmp_path / "res.msgpack").exists()
 
 
+async def test_an_instances_line_nested_too_deeply_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "rows.jsonl").write_text('{"instance_id": "a"}\n' + "[" * 100_000 + "\n")
+    rc, out = await _run("run", "rows.jsonl", "--out", "res.msgpack", cwd=tmp_path)
+    assert rc == 2, out
+    assert out.strip().startswith("error: ")
+    assert "rows.jsonl:2: not JSON: JSON nested too deeply" in out
+    assert "Traceback" not in out
+
+
 def _unevaluable_rows(tmp_path: Path) -> Path:
     demo = build_demo_set(tmp_path / "repos")
     rows = []

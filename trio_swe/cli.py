@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import json
 import os
 import shutil
 import signal
@@ -45,6 +44,7 @@ from . import __version__
 from ._close import aclose_quietly
 from ._errors import ConfigError, MetadataError, TrioSweError
 from ._groups import leaves
+from ._json import loads
 from .agents import Agent, create_agent
 from .config import (
     BACKENDS,
@@ -276,8 +276,8 @@ def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
-        except json.JSONDecodeError as exc:
+            row = loads(line)
+        except ValueError as exc:
             raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
         if not isinstance(row, dict):
             raise ConfigError(f"{path}:{lineno}: a row must be a JSON object")

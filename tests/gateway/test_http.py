@@ -314,6 +314,10 @@ async def test_bad_input_is_an_error_in_each_apis_shape_and_records_nothing() ->
         r = await client.post("/v1/chat/completions", content=b"{not json", headers=key)
         assert r.status_code == 400
         assert r.json()["error"]["type"] == "invalid_request_error"
+        # Nested past the decoder's recursion limit (and under the body cap): a 400 too.
+        r = await client.post("/v1/chat/completions", content=b"[" * 60_000, headers=key)
+        assert r.status_code == 400
+        assert "nested too deeply" in r.json()["error"]["message"]
         r = await client.post("/v1/messages", content=b"[1, 2", headers=anthropic_key)
         assert r.status_code == 400
         assert r.json()["type"] == "error"

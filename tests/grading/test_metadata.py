@@ -398,6 +398,8 @@ scalars = st.one_of(
     st.lists(st.text(max_size=10), max_size=4).map(json.dumps),  # JSON-string lists
     st.lists(st.text(max_size=10), max_size=4).map(repr),  # Python-literal lists
     st.just("[1, 2"),
+    st.just("[" * 5000),  # nested past the decoder's recursion limit
+    st.just('{"a": ' * 3000),
     st.just('"quoted \\n text"'),
     st.just("lone \ud800 surrogate"),
     st.just('["json \\udc80 escape"]'),

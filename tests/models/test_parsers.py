@@ -9,6 +9,7 @@ import pytest
 from trio_swe.models import (
     BASH_TOOL,
     EDIT_TOOL,
+    MAX_ARGUMENT_DEPTH,
     ChatModel,
     HermesToolParser,
     Qwen3CoderToolParser,
@@ -50,6 +51,29 @@ def test_hermes_ill_formed(text: str, reason: str) -> None:
     _, calls, error = HermesToolParser().parse(text)
     assert calls == []
     assert reason in error
+
+
+DEEP = "[" * 100_000  # a degenerate output: nested past the interpreter's recursion limit
+
+
+def test_deep_nesting_is_ill_formed_not_a_crash() -> None:
+    # json.loads raises RecursionError here, which "except ValueError" let through.
+    for text, reason in (
+        (f"<tool_call>{DEEP}</tool_call>", "nested too deeply"),
+        # Arguments as a JSON string that does not decode stay a string: not an object.
+        ('<tool_call>{"name": "bash", "arguments": "' + DEEP + '"}</tool_call>', "not an object"),
+    ):
+        _, calls, error = HermesToolParser().parse(text)
+        assert calls == []
+        assert reason in error
+    tools = [{"function": {"name": "f", "parameters": {"properties": {"a": {"type": "array"}}}}}]
+    text = (
+        f"<tool_call>\n<function=f>\n<parameter=a>\n{DEEP}\n</parameter>\n</function>\n</tool_call>"
+    )
+    _, calls, error = Qwen3CoderToolParser(tools).parse(text)
+    assert calls == []
+    assert "parameter 'a'" in error
+    assert "nested too deeply" in error
 
 
 def test_coder_xml_with_schema_types() -> None:
@@ -112,6 +136,28 @@ def test_coder_style_checkpoint_round_trip(tmp_path: Path) -> None:
     assert "<function=edit_file>" in sampled
     assert sampled.endswith("<|im_end|>")
     assert model.parse(model.encode(sampled)).tool_calls == (call,)
+
+
+def test_arguments_nested_past_the_cap_are_ill_formed(qwen3: ChatModel) -> None:
+    def call(depth: int) -> str:
+        deep = "[" * depth + "]" * depth
+        return (
+            '<tool_call>\n{"name": "bash", "arguments": {"command": "ls", "x": '
+            + deep
+            + "}}\n</tool_call><|im_end|>"
+        )
+
+    # 600 levels parse as JSON, and Qwen3's template then failed to render the next prompt
+    # (TemplateError): the episode ended on one degenerate output.
+    out = qwen3.parse(call(600))
+    assert out.ill_formed
+    assert out.tool_calls == ()
+    assert f"nested deeper than {MAX_ARGUMENT_DEPTH} levels" in out.error
+    # At the cap (the arguments object is level 1), the call stands and renders back.
+    ok = qwen3.parse(call(MAX_ARGUMENT_DEPTH - 1))
+    assert not ok.ill_formed, ok.error
+    assert qwen3.parse(qwen3.encode(qwen3.assistant_text(ok.message()))).tool_calls == ok.tool_calls
+    assert qwen3.parse(call(MAX_ARGUMENT_DEPTH)).ill_formed
 
 
 def test_model_level_ill_formed(qwen3: ChatModel) -> None:

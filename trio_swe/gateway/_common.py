@@ -19,6 +19,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from .._json import loads
+
 __all__ = [
     "ApiError",
     "Conversation",
@@ -208,7 +210,7 @@ def parse_arguments(raw: Any) -> Any:
         return raw
     if isinstance(raw, str):
         try:
-            value = json.loads(raw) if raw.strip() else {}
+            value = loads(raw) if raw.strip() else {}
         except ValueError:
             return raw
         return value if isinstance(value, dict) else raw
@@ -245,8 +247,8 @@ def decode_json_object(body: bytes) -> dict[str, Any]:
         ApiError: 400 when it is not valid JSON or not an object.
     """
     try:
-        value = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
+        value = loads(body)
+    except ValueError as exc:  # UnicodeDecodeError is one
         raise ApiError(400, "invalid_request", f"the request body is not valid JSON: {exc}")
     if not isinstance(value, dict):
         raise ApiError(400, "invalid_request", "the request body must be a JSON object")

@@ -374,7 +374,12 @@ class _Exchange:
         chunks: list[bytes] = []
         size = 0
         declared = self.headers.get("content-length")
-        if declared and declared.isascii() and declared.isdigit() and int(declared) > self.gw.max_body_bytes:
+        if (
+            declared
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > self.gw.max_body_bytes
+        ):
             raise ApiError(
                 413,
                 "too_large",

@@ -26,7 +26,6 @@ not part of the episode's turns (they would mix an unrelated conversation into i
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 import msgspec
 
 from .._errors import ConfigError
+from .._json import loads
 from ..agents._policy import PolicyOutput
 from ..models import ChatModel, NotAppendOnlyError, TokenHistory
 from ..trajectory import TurnRecord, TurnRecorder
@@ -179,7 +179,7 @@ def _args_match(recorded: Any, incoming: Any) -> bool:
         return True
     if isinstance(incoming, str):
         try:
-            incoming = json.loads(incoming)
+            incoming = loads(incoming)
         except ValueError:
             return False
     if not isinstance(recorded, dict) or not isinstance(incoming, dict):

@@ -10,7 +10,6 @@ protocol (default ``swebench``); empty patches are not run (the harness counts t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import trio
 
 from .._errors import ConfigError, MetadataError, TrioSweError
+from .._json import loads
 from ..sandbox import Backend
 from . import (
     check_rows,
@@ -37,7 +37,7 @@ def read_predictions(path: Path) -> list[dict[str, Any]]:
         raise ConfigError(f"predictions {path}: {exc.strerror or exc}") from None
     items: list[Any]
     try:
-        whole = json.loads(text)
+        whole = loads(text)
     except ValueError:
         whole = None
     if isinstance(whole, list):
@@ -50,7 +50,7 @@ def read_predictions(path: Path) -> list[dict[str, Any]]:
             if not line.strip():
                 continue
             try:
-                items.append(json.loads(line))
+                items.append(loads(line))
             except ValueError as exc:
                 raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
     out: list[dict[str, Any]] = []
@@ -71,7 +71,7 @@ def read_dataset(path: Path) -> list[dict[str, Any]]:
     except OSError as exc:
         raise ConfigError(f"dataset {path}: {exc.strerror or exc}") from None
     try:
-        whole = json.loads(text)
+        whole = loads(text)
     except ValueError:
         whole = None
     if isinstance(whole, list):
@@ -83,7 +83,7 @@ def read_dataset(path: Path) -> list[dict[str, Any]]:
         for lineno, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 try:
-                    rows.append(json.loads(line))
+                    rows.append(loads(line))
                 except ValueError as exc:
                     raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
     if not all(isinstance(r, dict) for r in rows):

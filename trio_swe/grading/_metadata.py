@@ -13,11 +13,11 @@ Every malformed value raises :class:`MetadataError` naming the field; nothing el
 from __future__ import annotations
 
 import ast
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from .._errors import MetadataError
+from .._json import loads
 from ._types import (
     DEFAULT_WORKDIR,
     InstanceMetadata,
@@ -65,8 +65,8 @@ def _mapping(value: Any, field: str) -> Mapping[str, Any]:
         return value
     if isinstance(value, str):
         try:
-            decoded = json.loads(value)
-        except (ValueError, RecursionError):
+            decoded = loads(value)
+        except ValueError:
             decoded = None
         if isinstance(decoded, Mapping):
             return decoded
@@ -148,8 +148,8 @@ def _str_list(value: Any, field: str) -> tuple[str, ...]:
     if isinstance(value, str):
         decoded: Any
         try:
-            decoded = json.loads(value)
-        except (ValueError, RecursionError):
+            decoded = loads(value)
+        except ValueError:
             try:
                 decoded = ast.literal_eval(value)
             except (ValueError, SyntaxError, MemoryError, RecursionError, TypeError):
@@ -171,7 +171,7 @@ def _unquote(text: str) -> str:
     """SWE-bench Pro stores some texts JSON-encoded inside a string: ``"\\"...\\n...\\""``."""
     if len(text) >= 2 and text[0] == '"' and text[-1] == '"':
         try:
-            decoded = json.loads(text)
+            decoded = loads(text)
         except ValueError:
             return text
         if isinstance(decoded, str):

@@ -37,6 +37,7 @@ from .._errors import NotAppendOnlyError, TemplateError
 from ._chat import ChatModel, HistoryStatistics, TokenHistory
 from ._load import TOKENIZER_FILES, clear_tokenizer_cache, load_tokenizer
 from ._parsers import (
+    MAX_ARGUMENT_DEPTH,
     HermesToolParser,
     ParsedOutput,
     Qwen3CoderToolParser,
@@ -54,6 +55,7 @@ from ._tools import BASH_TOOL, EDIT_TOOL
 __all__ = [
     "BASH_TOOL",
     "EDIT_TOOL",
+    "MAX_ARGUMENT_DEPTH",
     "TOKENIZER_FILES",
     "ChatModel",
     "HermesToolParser",

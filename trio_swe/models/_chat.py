@@ -25,6 +25,7 @@ from ._parsers import (
     get_tool_parser,
     infer_tool_parser,
     split_reasoning,
+    too_deep,
     validate_tool_calls,
 )
 
@@ -214,6 +215,7 @@ class ChatModel:
             text = text[: -len(self.stop_text)]
         reasoning, rest = split_reasoning(text)
         content, calls, error = self.parser.parse(rest)
+        error = error or too_deep(calls)
         if not error and self.tools:
             error = validate_tool_calls(calls, self.tools)
             if not error and not calls:

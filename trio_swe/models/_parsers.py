@@ -13,7 +13,6 @@ An output that does not parse is not an exception: :class:`ParsedOutput` carries
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
@@ -21,6 +20,7 @@ from typing import Any, Protocol, runtime_checkable
 import msgspec
 
 from .._errors import ConfigError, InvalidArgumentError
+from .._json import loads
 
 __all__ = [
     "HermesToolParser",
@@ -122,7 +122,7 @@ class HermesToolParser:
         calls: list[ToolCall] = []
         for i, body in enumerate(_HERMES.findall(text), 1):
             try:
-                obj = json.loads(body)
+                obj = loads(body)
             except ValueError as exc:
                 return _outside(_HERMES, text), [], f"tool call {i} is not valid JSON: {exc}"
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
@@ -130,7 +130,7 @@ class HermesToolParser:
             args = obj.get("arguments", obj.get("parameters", {}))
             if isinstance(args, str):  # some models emit the arguments as a JSON string
                 try:
-                    args = json.loads(args)
+                    args = loads(args)
                 except ValueError:
                     pass
             if not isinstance(args, dict):
@@ -204,12 +204,34 @@ def _convert(value: str, kind: str) -> Any:
             raise ValueError(f"{value!r} is not true or false")
         return low == "true"
     if kind in ("object", "array"):
-        return json.loads(value)
+        return loads(value)
     return value
 
 
 def _outside(pattern: re.Pattern[str], text: str) -> str:
     return pattern.sub("", text).strip()
+
+
+#: How deeply a call's arguments may nest (objects and arrays). Real tools take a few levels; a
+#: degenerate output (``[[[[...`` for hundreds of tokens) parses as JSON up to the interpreter's
+#: recursion limit and would then break the chat template's rendering of the next prompt.
+MAX_ARGUMENT_DEPTH = 64
+
+
+def too_deep(calls: Sequence[ToolCall], limit: int = MAX_ARGUMENT_DEPTH) -> str:
+    """Why ``calls`` cannot be rendered back (arguments nested deeper than ``limit``), or ``""``.
+    Iterative: a recursive walk would fail on the very input it guards against."""
+    for i, call in enumerate(calls, 1):
+        stack: list[tuple[Any, int]] = [(call.arguments, 1)]
+        while stack:
+            value, depth = stack.pop()
+            if depth > limit:
+                return f"tool call {i}: arguments nested deeper than {limit} levels"
+            if isinstance(value, dict):
+                stack.extend((v, depth + 1) for v in value.values())
+            elif isinstance(value, list):
+                stack.extend((v, depth + 1) for v in value)
+    return ""
 
 
 def validate_tool_calls(calls: Sequence[ToolCall], tools: Sequence[Mapping[str, Any]]) -> str:

@@ -1,0 +1,26 @@
+"""``json.loads`` for text that someone else wrote: any failure is a ``ValueError``.
+
+Model outputs, agents' requests, files written in a sandbox and dataset rows are parsed as
+JSON. Nesting deep enough to exhaust the interpreter's recursion limit (a degenerate output
+repeating ``[`` for thousands of tokens) makes the C decoder raise ``RecursionError``, which
+callers that catch ``ValueError`` for "not JSON" would let through: a crash instead of an
+ill-formed tool call or a 400.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def loads(text: str | bytes) -> Any:
+    """The JSON value of ``text``.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``), bytes that are not UTF-8
+            (``UnicodeDecodeError``), or nested too deeply to decode.
+    """
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to decode") from None
