@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
 from trio_swe.models import (
     BASH_TOOL,
@@ -17,6 +22,7 @@ from trio_swe.models import (
     infer_tool_parser,
     split_reasoning,
 )
+from trio_swe.models._parsers import blocks, parameters
 
 from ..qwen3 import CODER_STYLE_TEMPLATE, checkpoint_with_template, qwen3_config
 
@@ -178,3 +184,42 @@ def test_model_level_ill_formed(qwen3: ChatModel) -> None:
     ok = qwen3.parse(CALL + "<|im_end|>")
     assert not ok.ill_formed
     assert ok.tool_calls == (ToolCall("bash", {"command": "ls -la"}),)
+
+
+# -- degenerate outputs: the blocks are found in linear time, as the regexes found them --------
+_REGEX_BLOCKS = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_REGEX_PARAMS = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+_FRAGMENTS = st.lists(
+    st.sampled_from(
+        ["<tool_call>", "</tool_call>", "<parameter=", "</parameter>", ">", "\n", "a", "b c", "<"]
+    ),
+    max_size=40,
+).map("".join)
+
+
+@given(_FRAGMENTS)
+@example("<parameter=\n<parameter=a>x</parameter>")
+@example("<parameter=><parameter=b>y</parameter>")
+@example("<parameter=<parameter=c>z</parameter>")
+def test_linear_scanners_find_what_the_regexes_found(text: str) -> None:
+    assert blocks(text, "<tool_call>", "</tool_call>") == (
+        _REGEX_BLOCKS.findall(text),
+        _REGEX_BLOCKS.sub("", text),
+    )
+    assert parameters(text) == (_REGEX_PARAMS.findall(text), _REGEX_PARAMS.sub("", text))
+
+
+def test_a_degenerate_output_is_parsed_in_linear_time() -> None:
+    # 50,000 unclosed tags: the regexes rescanned the rest of the text from each (16,000
+    # <parameter= took 100 s here, on the event loop); the scanners take milliseconds. A
+    # subprocess, so that the old behaviour fails on the timeout instead of hanging the run.
+    code = (
+        "from trio_swe.models import HermesToolParser, Qwen3CoderToolParser\n"
+        "n = 50_000\n"
+        "coder = '<tool_call>\\n<function=f>\\n' + '<parameter=a>' * n + '\\n</function>\\n</tool_call>'\n"
+        "assert 'outside <parameter' in Qwen3CoderToolParser().parse(coder)[2]\n"
+        "flipped = '</tool_call>' * n + '<tool_call>' * n\n"
+        "for p in (HermesToolParser(), Qwen3CoderToolParser()):\n"
+        "    assert p.parse(flipped)[1] == []\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

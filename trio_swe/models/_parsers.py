@@ -106,7 +106,30 @@ def split_reasoning(
     return head.strip("\n"), rest.lstrip("\n")
 
 
-_HERMES = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+_CALL_OPEN, _CALL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def blocks(text: str, open_: str, close: str) -> tuple[list[str], str]:
+    """The bodies of the ``open_ ... close`` blocks in ``text`` and the text outside them.
+
+    The blocks are those the regex ``open_(.*?)close`` (DOTALL) finds: leftmost first, not
+    overlapping, each ended by the first ``close`` after it. Linear time: the regex searches
+    to the end of the text from every ``open_`` that no ``close`` follows, which is quadratic
+    in a degenerate output (thousands of unclosed tags took the parser tens of seconds, on the
+    event loop). Once one ``open_`` has no ``close`` after it, no later one has.
+    """
+    bodies: list[str] = []
+    outside: list[str] = []
+    pos = 0
+    while (i := text.find(open_, pos)) >= 0:
+        j = text.find(close, i + len(open_))
+        if j < 0:
+            break
+        outside.append(text[pos:i])
+        bodies.append(text[i + len(open_) : j])
+        pos = j + len(close)
+    outside.append(text[pos:])
+    return bodies, "".join(outside)
 
 
 class HermesToolParser:
@@ -116,17 +139,18 @@ class HermesToolParser:
 
     def parse(self, text: str) -> tuple[str, list[ToolCall], str]:
         """See :meth:`ToolParser.parse`."""
-        opens, closes = text.count("<tool_call>"), text.count("</tool_call>")
-        if opens != closes:
+        if text.count(_CALL_OPEN) != text.count(_CALL_CLOSE):
             return text.strip(), [], "a <tool_call> is not closed by </tool_call>"
+        bodies, outside = blocks(text, _CALL_OPEN, _CALL_CLOSE)
+        content = outside.strip()
         calls: list[ToolCall] = []
-        for i, body in enumerate(_HERMES.findall(text), 1):
+        for i, body in enumerate(bodies, 1):
             try:
                 obj = loads(body)
             except ValueError as exc:
-                return _outside(_HERMES, text), [], f"tool call {i} is not valid JSON: {exc}"
+                return content, [], f"tool call {i} is not valid JSON: {exc}"
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                return _outside(_HERMES, text), [], f"tool call {i} has no string 'name'"
+                return content, [], f"tool call {i} has no string 'name'"
             args = obj.get("arguments", obj.get("parameters", {}))
             if isinstance(args, str):  # some models emit the arguments as a JSON string
                 try:
@@ -134,14 +158,44 @@ class HermesToolParser:
                 except ValueError:
                     pass
             if not isinstance(args, dict):
-                return _outside(_HERMES, text), [], f"tool call {i}: 'arguments' is not an object"
+                return content, [], f"tool call {i}: 'arguments' is not an object"
             calls.append(ToolCall(obj["name"], args))
-        return _outside(_HERMES, text), calls, ""
+        return content, calls, ""
 
 
-_CODER_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 _CODER_FUNC = re.compile(r"^\s*<function=([^>\n]+)>(.*?)</function>\s*$", re.DOTALL)
-_CODER_PARAM = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+_PARAM_OPEN, _PARAM_CLOSE = "<parameter=", "</parameter>"
+_NAME_END = re.compile(r"[>\n]")
+
+
+def parameters(inner: str) -> tuple[list[tuple[str, str]], str]:
+    """``(name, raw value)`` of each ``<parameter=NAME>VALUE</parameter>`` in ``inner`` and the
+    text outside them: what the regex ``<parameter=([^>\\n]+)>(.*?)</parameter>`` (DOTALL)
+    finds, in linear time (see :func:`blocks`). A name runs to the first ``>`` and may not
+    hold a line feed: every ``<parameter=`` before such a line feed fails alike, so the
+    search goes on after it."""
+    found: list[tuple[str, str]] = []
+    outside: list[str] = []
+    pos = search = 0
+    while (i := inner.find(_PARAM_OPEN, search)) >= 0:
+        start = i + len(_PARAM_OPEN)
+        end = _NAME_END.search(inner, start)
+        if end is None:  # no ">" from here on: no later name ends either
+            break
+        if end.group() == "\n":
+            search = end.start()
+            continue
+        if end.start() == start:  # an empty name
+            search = i + 1
+            continue
+        j = inner.find(_PARAM_CLOSE, end.end())
+        if j < 0:
+            break
+        outside.append(inner[pos:i])
+        found.append((inner[start : end.start()], inner[end.end() : j]))
+        pos = search = j + len(_PARAM_CLOSE)
+    outside.append(inner[pos:])
+    return found, "".join(outside)
 
 
 class Qwen3CoderToolParser:
@@ -166,20 +220,22 @@ class Qwen3CoderToolParser:
 
     def parse(self, text: str) -> tuple[str, list[ToolCall], str]:
         """See :meth:`ToolParser.parse`."""
-        content = _outside(_CODER_CALL, text)
-        if text.count("<tool_call>") != text.count("</tool_call>"):
+        bodies, outside = blocks(text, _CALL_OPEN, _CALL_CLOSE)
+        content = outside.strip()
+        if text.count(_CALL_OPEN) != text.count(_CALL_CLOSE):
             return content, [], "a <tool_call> is not closed by </tool_call>"
         if "<function=" in content:
             return content, [], "a <function=...> block is outside <tool_call></tool_call>"
         calls: list[ToolCall] = []
-        for i, body in enumerate(_CODER_CALL.findall(text), 1):
+        for i, body in enumerate(bodies, 1):
             m = _CODER_FUNC.match(body)
             if m is None:
                 return content, [], f"tool call {i} is not one <function=NAME>...</function>"
             name, inner = m.group(1).strip(), m.group(2)
             types = self._types.get(name, {})
             args: dict[str, Any] = {}
-            for pname, raw in _CODER_PARAM.findall(inner):
+            found, leftover = parameters(inner)
+            for pname, raw in found:
                 pname = pname.strip()
                 value = raw[1:] if raw.startswith("\n") else raw
                 value = value[:-1] if value.endswith("\n") else value
@@ -187,7 +243,7 @@ class Qwen3CoderToolParser:
                     args[pname] = _convert(value, types.get(pname, "string"))
                 except ValueError as exc:
                     return content, [], f"tool call {i}: parameter {pname!r}: {exc}"
-            if _CODER_PARAM.sub("", inner).strip():
+            if leftover.strip():
                 return content, [], f"tool call {i} has text outside <parameter=...> blocks"
             calls.append(ToolCall(name, args))
         return content, calls, ""
@@ -206,10 +262,6 @@ def _convert(value: str, kind: str) -> Any:
     if kind in ("object", "array"):
         return loads(value)
     return value
-
-
-def _outside(pattern: re.Pattern[str], text: str) -> str:
-    return pattern.sub("", text).strip()
 
 
 #: How deeply a call's arguments may nest (objects and arrays). Real tools take a few levels; a
