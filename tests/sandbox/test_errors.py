@@ -32,8 +32,12 @@ async def test_refusals_have_one_type_on_every_backend(backend: Backend, image: 
         # Denied: a read-only system directory, root's home as the unprivileged user, a file
         # only root may read.
         for path, user in (("/usr/trio-swe-new", None), ("/etc/passwd", "agent")):
-            with pytest.raises(SandboxPermissionError, match=r"not permitted|denied|read-only"):
-                await sb.write_file(path, b"x", user=user)
+            # One byte, and more than a pipe holds: a writer that refuses before reading its
+            # input closed the pipe under a write still in flight (BrokenResourceError, when
+            # the refusal came first).
+            for data in (b"x", b"x" * 1_000_000):
+                with pytest.raises(SandboxPermissionError, match=r"not permitted|denied|read-only"):
+                    await sb.write_file(path, data, user=user)
         assert (await sb.exec("mkdir -p /root/p && echo s > /root/p/f && chmod 600 /root/p/f")).ok
         with pytest.raises(SandboxPermissionError):
             await sb.read_file("/root/p/f", user="agent")

@@ -284,6 +284,10 @@ class LocalSandbox:
                 assert data is not None
                 try:
                     await proc.stdin.send_all(data)
+                except trio.BrokenResourceError:
+                    # The process stopped reading (a write it refused, e.g. a denied path, ends
+                    # before reading its input): its exit status says why.
+                    pass
                 finally:
                     await proc.stdin.aclose()
 
