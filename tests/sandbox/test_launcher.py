@@ -351,12 +351,18 @@ def test_kill_sweeps_daemons_scrubbed_env_and_group(
     )
     h = Host(plan(cmd, base, tmp_path), path_env)
     h.spawn()
-    # Wait (boundedly, inside the "sandbox") until all four are up.
+    # Wait (boundedly, inside the "sandbox") until each of the four runs. Each by its own
+    # marker: a count of the token's processes could reach 4 with the double fork's short-lived
+    # middle shell before the daemon existed, and fall back to 3 a moment later. The trailing
+    # NUL ends the marker where the process's own argument ends: the middle shell's command
+    # line carries "-daemon'" inside a longer argument.
+    names = [f"{token}-{kind}\0" for kind in ("setsid", "scrubbed", "daemon", "fg")]
     for _ in range(200):
-        if len(host_pids_with(token)) >= 4:
+        if all(host_pids_with(name) for name in names):
             break
         h.wait(wait_sec=0.02)
-    assert len(host_pids_with(token)) >= 4
+    else:
+        pytest.fail(f"not all four started: { {n: host_pids_with(n) for n in names} }")
     reply = h.kill()
     assert reply.state == "killed"
     assert L.parse_killed(reply)[0] == 0
