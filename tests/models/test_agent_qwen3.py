@@ -80,3 +80,31 @@ async def test_edit_tool_and_several_calls_in_one_turn(tmp_path: Path) -> None:
     assert sample.metadata["trajectory"]["turn_kinds"] == ["start", "clean", "clean"]
     assert sample.metadata["trajectory"]["ill_formed_turns"] == 0
     assert_nothing_left(tmp_path, backend)
+
+
+async def test_a_command_no_sandbox_can_run_is_an_observation(tmp_path: Path) -> None:
+    # A tool call's "\\u0000" decodes to a NUL: exec refuses it (InvalidArgumentError), which
+    # ended the episode; the model now reads why, and the episode goes on.
+    _demo, mds, backend = build_demo(tmp_path)
+    calc = next(md for md in mds if md.instance_id == "demo__calc-1")
+    model = ChatModel.from_checkpoint(qwen3_dir(), tools=BashAgent.TOOLS)
+    script = [
+        _call("bash", command="echo a\x00b"),
+        _call("edit_file", path="calc.py", old_text="return a - b", new_text="return a + b"),
+        _call("bash", command="submit"),
+    ]
+    async with (
+        open_scripted_policy_server({"demo__calc-1": script}, tokenizer=model) as server,
+        SGLangPolicy(server.url) as policy,
+    ):
+        agent = BashAgent(policy, model, max_turns=10)
+        result = await run_episode(
+            calc, agent, backend=backend, config=demo_config(), network=False
+        )
+    assert result.status == "completed", result.error
+    assert (result.reward, result.agent_finish, result.n_turns) == (1.0, "submitted", 3)
+    (sample,) = result.samples
+    region = model.decode(sample.tokens_list()[sample.prompt_length :])
+    assert "Error: cmd must not contain NUL characters" in region
+    assert sample.metadata["trajectory"]["ill_formed_turns"] == 0
+    assert_nothing_left(tmp_path, backend)

@@ -28,7 +28,7 @@ import trio
 
 from .._errors import InvalidArgumentError, PromptTooLongError
 from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory, ToolCall
-from ..sandbox import Sandbox
+from ..sandbox import Sandbox, check_command
 from ..trajectory import TurnRecord, TurnRecorder
 from ._policy import Policy, PolicyError, PolicyOutput
 from ._tokenizer import Tokenizer, vocabulary_size
@@ -379,6 +379,10 @@ class BashAgent(BaseAgent):
             command = f"python3 -c {shlex.quote(_EDIT_SCRIPT)} {shlex.quote(payload)}"
         else:  # the parser validated the name against the declared tools
             return f"Error: the tool {call.name!r} is not available"
+        try:  # what no sandbox can run (a NUL, past the kernel's argument limit) is the model's
+            check_command(command)
+        except InvalidArgumentError as exc:
+            return f"Error: {exc}"
         remaining = max(deadline - trio.current_time(), 0.001)
         stats["n_commands"] += 1
         t1 = time.monotonic()

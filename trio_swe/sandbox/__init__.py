@@ -15,6 +15,7 @@ from ._types import (
     SandboxSpec,
     SandboxStatistics,
 )
+from ._validate import check_command
 
 __all__ = [
     "DEFAULT_READ_MAX_BYTES",
@@ -30,6 +31,7 @@ __all__ = [
     "SandboxSpec",
     "SandboxStatistics",
     "available_backends",
+    "check_command",
     "check_image",
     "create_backend",
     "exec_and_wait",

@@ -51,7 +51,12 @@ def _arg_bytes(text: str) -> int:
 
 
 def check_command(cmd: str) -> str:
-    """A shell command given as one argument (``sh -c cmd``) must fit the kernel's limit."""
+    """A shell command given as one argument (``sh -c cmd``): no NUL (an argument ends at one),
+    within the kernel's limit. A model's tool call can carry either (``"\\u0000"`` in JSON)."""
+    if "\x00" in cmd:
+        raise InvalidArgumentError(
+            "cmd must not contain NUL characters (one argument of a process cannot hold one)"
+        )
     size = _arg_bytes(cmd)
     if size >= MAX_ARG_STRLEN:
         raise InvalidArgumentError(
