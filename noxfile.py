@@ -86,6 +86,7 @@ def docker(session: nox.Session) -> None:
     session.run(
         PYTHON, "-m", "pytest", *args,
         "tests/sandbox/test_detached.py", "tests/sandbox/test_docker.py",
+        "tests/sandbox/test_errors.py",
         "tests/sandbox/test_oci.py", "tests/grading/test_grade_docker.py",
         env={"TRIO_SWE_DOCKER_FULL": "1"},
     )  # fmt: skip

@@ -56,6 +56,9 @@ DOCKER_DEFAULT_RUN = frozenset(
         "test_unprivileged_user",
         "test_command_file_is_private_to_its_user",
         "test_workdir_env_and_defaults",
+        # A user's writes and reads are checked by the kernel: the archive API once wrote
+        # /etc/passwd for `agent` with the daemon's rights.
+        "test_refusals_have_one_type_on_every_backend",
     }
 )
 

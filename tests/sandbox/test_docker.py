@@ -27,6 +27,7 @@ from trio_swe import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxNotAFileError,
+    SandboxPermissionError,
     open_sandbox,
 )
 from trio_swe.sandbox.docker import DockerBackend, PullProgress
@@ -214,6 +215,17 @@ async def test_exec_files_users_and_timeouts(dk: DockerEnv) -> None:
         big = os.urandom(3 << 20)
         await sb.write_file("/tmp/big", big)
         assert await sb.read_file("/tmp/big") == big
+        # A user's write is the user's own (the kernel checks it: the archive API wrote
+        # /etc/passwd for agent), the same bytes whatever their size, and leaves no stage.
+        await sb.write_file("/tmp/a/big", big, user="agent")
+        assert await sb.read_file("/tmp/a/big", user="agent") == big
+        with pytest.raises(SandboxPermissionError):
+            await sb.write_file("/etc/passwd", b"agent::0:0::/:/bin/sh\n", user="agent")
+        r = await sb.exec("grep -c '^agent:' /etc/passwd; ls -a /tmp | grep -c trio_swe-write")
+        assert r.output == "1\n0\n"
+        assert (await sb.exec("echo s > /tmp/secret && chmod 600 /tmp/secret")).ok
+        with pytest.raises(SandboxPermissionError):
+            await sb.read_file("/tmp/secret", user="agent")
 
 
 async def test_cancellation_at_random_points_leaves_no_container(dk: DockerEnv) -> None:

@@ -10,9 +10,9 @@ import pytest
 import trio
 
 from trio_swe import SandboxBootError, open_sandbox
+from trio_swe.sandbox._writes import parent as _parent
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.sandbox.local._backend import _read_child_pid
-from trio_swe.sandbox.local._sandbox import _parent
 
 from ..conftest import GitRepoFactory, git
 

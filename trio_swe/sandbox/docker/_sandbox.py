@@ -16,12 +16,14 @@ from ..._errors import (
     SandboxFileNotFoundError,
     SandboxFileTooLargeError,
     SandboxNotAFileError,
+    SandboxPermissionError,
 )
 from .._background import PosArgs, start_in
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
-from .._validate import check_abs_path, check_env, check_read_args, check_user
+from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
+from .._writes import WRITE_SCRIPT, write_args, write_error
 from ._engine import Engine, EngineError
-from ._wire import env_list, file_archive, first_member, resolve_link
+from ._wire import env_list, file_archive, first_member, resolve_link, staged_archive
 
 #: ``exec`` keeps at most this much output (the tail), as the local backend does.
 MAX_EXEC_OUTPUT: Final = 8 * 1024 * 1024
@@ -29,6 +31,8 @@ MAX_EXEC_OUTPUT: Final = 8 * 1024 * 1024
 #: all (the exec API has no kill): the value is a nonce per call.
 EXEC_MARK: Final = "TRIO_SWE_EXEC"
 _KILL_SEC: Final = 15.0
+#: WRITE_SCRIPT on the bytes staged at ``$4`` (``<stage>/f``), then the stage removed.
+_STAGED_WRITE: Final = f'( {WRITE_SCRIPT}) < "$4"; s=$?; rm -rf -- "${{4%/f}}"; exit $s'
 
 # Freezes then kills every process whose environment holds the call's mark; repeats until none.
 _KILL_SCRIPT: Final = (
@@ -173,8 +177,18 @@ class DockerSandbox:
         code = info.get("ExitCode")
         if code is None:
             raise SandboxError(f"exec {argv[:3]}: the daemon reported no exit code")
+        # The runtime's refusals, before the command ran: its exit status and its one line.
         if isinstance(code, int) and code == 126 and b"unable to find user" in bytes(merged):
             raise InvalidArgumentError(f"unknown user {user!r} in container {self._cid[:12]}")
+        if isinstance(code, int) and code == 126 and b"chdir to cwd" in bytes(merged):
+            raise InvalidArgumentError(
+                f"cwd {cwd!r} is not a directory the user can enter in container {self._cid[:12]}"
+            )
+        if code == 1 and bytes(merged) == f"exec {argv[0]}: argument list too long\n".encode():
+            raise InvalidArgumentError(
+                "the command and its environment together exceed the kernel's limit on "
+                "arguments (E2BIG): write big inputs to a file instead"
+            )
         return int(code), bytes(merged), bytes(err), truncated
 
     async def _kill_marked(self, mark: str) -> None:
@@ -201,6 +215,7 @@ class DockerSandbox:
         idempotent: bool = False,
     ) -> ExecResult:
         """Run ``cmd`` with ``/bin/sh -c``; see :meth:`trio_swe.Sandbox.exec`."""
+        check_command(cmd)
         del idempotent  # a unix socket does not drop replies: nothing to retry
         self._stats["execs"] += 1
         start = trio.current_time()
@@ -235,12 +250,22 @@ class DockerSandbox:
     async def write_file(
         self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
     ) -> None:
-        """Create or replace ``path``, owned by ``user`` (parents created as that user)."""
+        """Create or replace ``path`` as ``user`` (parents created as that user).
+
+        The archive API writes with the daemon's rights, whoever owns the result: root's files
+        go that way (one request); any other user's bytes are staged in a directory of its own
+        and written by :data:`~trio_swe.sandbox._writes.WRITE_SCRIPT` run as that user, so the
+        kernel decides what it may write, as on the other backends.
+        """
         check_abs_path(path)
         if path.endswith("/"):
             raise InvalidArgumentError(f"write_file: {path!r} names a directory")
         payload = data.encode() if isinstance(data, str) else bytes(data)
         uid, gid = await self._ids_of(user or "root")
+        if uid != 0:
+            await self._write_as(path, payload, user, uid, gid, mode)
+            self._stats["files_written"] += 1
+            return
         parent, name = posixpath.split(posixpath.normpath(path))
         tar = file_archive(name, payload, mode=0o644 if mode is None else mode, uid=uid, gid=gid)
         for attempt in (0, 1):
@@ -255,6 +280,10 @@ class DockerSandbox:
                 )
                 break
             except EngineError as exc:
+                if "cannot overwrite directory" in exc.message:  # moby's pkg/archive says so
+                    raise InvalidArgumentError(
+                        f"write_file {path!r}: a directory, not a file path"
+                    ) from exc
                 if exc.status != 404 or attempt:
                     raise SandboxError(f"write_file {path!r} failed: {exc.message}") from exc
             # The parent is missing: make it as the user (so it owns what it creates), then retry.
@@ -264,6 +293,38 @@ class DockerSandbox:
             if status != 0:
                 raise SandboxError(f"write_file {path!r}: cannot create {parent}: {out!r}")
         self._stats["files_written"] += 1
+
+    async def _write_as(
+        self, path: str, payload: bytes, user: str | None, uid: int, gid: int, mode: int | None
+    ) -> None:
+        stage = f".trio_swe-write-{uuid.uuid4().hex}"
+        try:
+            await self._engine.request(
+                "PUT",
+                f"/containers/{self._cid}/archive",
+                # In /tmp (sticky): the user may remove its own stage there, not from /.
+                params={"path": "/tmp", "noOverwriteDirNonDir": "true"},
+                content=staged_archive(stage, payload, uid=uid, gid=gid),
+                headers={"content-type": "application/x-tar"},
+                what=f"write_file {path}",
+            )
+        except EngineError as exc:
+            raise SandboxError(f"write_file {path!r} failed: {exc.message}") from exc
+        status, _, err, _ = await self._run(
+            [
+                "/bin/sh",
+                "-c",
+                _STAGED_WRITE,
+                "write_file",
+                *write_args(path, mode),
+                f"/tmp/{stage}/f",
+            ],
+            user=user,
+            cwd="/",
+        )
+        error = write_error(status, path, user, err.decode(errors="replace").strip())
+        if error is not None:
+            raise error
 
     async def read_file(
         self,
@@ -282,6 +343,7 @@ class DockerSandbox:
         check_read_args(max_bytes, special)
         if user is not None:
             check_user(user)
+        asked = path
         for _hop in range(40):
             async with self._engine.get_archive(self._cid, path) as response:
                 body = await response.aread()
@@ -297,6 +359,7 @@ class DockerSandbox:
             if member.kind == "file":
                 if max_bytes is not None and len(member.data) > max_bytes:
                     raise SandboxFileTooLargeError(path, max_bytes, len(member.data))
+                await self._check_readable(asked, user)
                 self._stats["files_read"] += 1
                 return member.data
             if member.kind != "symlink":
@@ -305,6 +368,18 @@ class DockerSandbox:
                 )
             path = resolve_link(path, member.linkname)
         raise SandboxError(f"read_file {path!r}: too many levels of symbolic links")
+
+    async def _check_readable(self, path: str, user: str | None) -> None:
+        """The archive API reads with the daemon's rights: a user other than root gets the
+        bytes only if it may read them itself (``access(2)`` as that user, which also says
+        no for a directory on the way that it cannot enter)."""
+        if user is None or (await self._ids_of(user))[0] == 0:
+            return
+        status, _, _, _ = await self._run(
+            ["/bin/sh", "-c", '[ -r "$1" ]', "read_file", path], user=user, cwd="/"
+        )
+        if status != 0:
+            raise SandboxPermissionError(f"read_file {path!r}: not permitted for user {user}")
 
     # -- lifecycle ----------------------------------------------------------------------------
     async def kill(self) -> None:

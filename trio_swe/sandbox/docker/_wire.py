@@ -140,6 +140,22 @@ def file_archive(name: str, data: bytes, *, mode: int, uid: int, gid: int) -> by
     return buf.getvalue()
 
 
+def staged_archive(directory: str, data: bytes, *, uid: int, gid: int) -> bytes:
+    """A tar holding ``directory/`` (mode 0700) and ``directory/f`` (mode 0600, ``data``), both
+    owned by ``uid:gid``: the bytes of a write as that user, staged where only it can read them
+    (see :meth:`DockerSandbox.write_file`)."""
+    buf = io.BytesIO()
+    now = int(time.time())
+    top = tarfile.TarInfo(directory)
+    top.type, top.mode, top.uid, top.gid, top.mtime = tarfile.DIRTYPE, 0o700, uid, gid, now
+    info = tarfile.TarInfo(f"{directory}/f")
+    info.size, info.mode, info.uid, info.gid, info.mtime = len(data), 0o600, uid, gid, now
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        tf.addfile(top)
+        tf.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
 class ArchiveMember(msgspec.Struct, frozen=True):
     """The first entry of a ``GET /containers/{id}/archive`` answer."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import posixpath
 import shutil
 import signal
 import time
@@ -25,6 +24,7 @@ from ..._errors import (
 from .._background import PosArgs, start_in
 from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
+from .._writes import DENIED_STATUS, NOT_A_FILE_STATUS, WRITE_SCRIPT, write_args, write_error
 from ._process import LocalProcess, nsenter_argv, start_local_process
 from ._trash import Trash
 from ._users import ROOT, SandboxUser
@@ -36,7 +36,6 @@ _DRAIN_AFTER_EXIT_SEC = 1.0
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Reads a file, telling "missing" apart from other failures by a reserved status.
-_NOT_A_FILE_STATUS = 45
 _TOO_LARGE_STATUS = 46
 # Reads a file: $1 path, $2 max bytes ("" for no cap), $3 "1" to read what is not a regular file.
 # Reserved statuses tell "missing", "not a file" (its kind on stderr) and "too large" (the size
@@ -63,26 +62,6 @@ if [ -f "$p" ] && s=$(stat -L -c %s -- "$p" 2>/dev/null) && [ "$s" -gt "$2" ]; t
 fi
 exec head -c "$(($2 + 1))" -- "$p"
 """
-# Writes a file; a refusal is told apart by status: 45 a directory is in the way, 47 not
-# permitted (permissions or a read-only file system: test -w asks access(2), which says both).
-# $1 path, $2 mode ("" to keep), $3 its parent (by _parent: no `dirname` process per write).
-_WRITE_SCRIPT = """p=$1; d=$3
-if [ -d "$p" ]; then echo "a directory" >&2; exit 45; fi
-if [ ! -d "$d" ] && { ! mkdir -p -- "$d" 2>/dev/null || [ ! -d "$d" ]; }; then
-  if [ -e "$d" ] && [ ! -d "$d" ]; then echo "$d is not a directory" >&2; exit 45; fi
-  echo "cannot create $d" >&2; exit 47
-fi
-if { [ -e "$p" ] && [ ! -w "$p" ]; } || { [ ! -e "$p" ] && [ ! -w "$d" ]; }; then
-  echo "not writable" >&2; exit 47
-fi
-cat > "$p" && if [ -n "$2" ]; then chmod -- "$2" "$p"; fi
-"""
-_DENIED_STATUS = 47
-
-
-def _parent(path: str) -> str:
-    """``dirname(1)`` of an absolute path: trailing slashes go first, ``/`` is its own."""
-    return posixpath.dirname(path.rstrip("/")) or "/"
 
 
 def _is_dir(path: str) -> bool:
@@ -354,24 +333,16 @@ class LocalSandbox:
         """Create or replace ``path`` as ``user`` (parents created)."""
         check_abs_path(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        mode_arg = f"{mode:o}" if mode is not None else ""
         status, _, err, _ = await self._run(
-            ["/bin/sh", "-c", _WRITE_SCRIPT, "write_file", path, mode_arg, _parent(path)],
+            ["/bin/sh", "-c", WRITE_SCRIPT, "write_file", *write_args(path, mode)],
             user=user,
             cwd="/",
             data=payload,
             merge_stderr=False,
         )
-        detail = err.decode(errors="replace").strip()
-        if status == _NOT_A_FILE_STATUS:
-            raise InvalidArgumentError(f"write_file {path!r}: {detail}, not a file path")
-        if status == _DENIED_STATUS:
-            raise SandboxPermissionError(
-                f"write_file {path!r}: not permitted for user {user or 'root'} "
-                f"(permissions or a read-only file system): {detail}"
-            )
-        if status != 0:
-            raise SandboxError(f"write_file {path!r} failed ({status}): {detail}")
+        error = write_error(status, path, user, err.decode(errors="replace").strip())
+        if error is not None:
+            raise error
         self._stats["files_written"] += 1
 
     async def read_file(
@@ -403,9 +374,9 @@ class LocalSandbox:
         detail = err.decode(errors="replace").strip()
         if status == _NOT_FOUND_STATUS:
             raise SandboxFileNotFoundError(f"{path}: no such file in sandbox {self._id}")
-        if status == _NOT_A_FILE_STATUS:
+        if status == NOT_A_FILE_STATUS:
             raise SandboxNotAFileError(path, detail or "special file")
-        if status == _DENIED_STATUS:
+        if status == DENIED_STATUS:
             raise SandboxPermissionError(
                 f"read_file {path!r}: not permitted for user {user or 'root'}: {detail}"
             )
