@@ -221,6 +221,9 @@ async def test_exec_files_users_and_timeouts(dk: DockerEnv) -> None:
         assert await sb.read_file("/tmp/a/big", user="agent") == big
         with pytest.raises(SandboxPermissionError):
             await sb.write_file("/etc/passwd", b"agent::0:0::/:/bin/sh\n", user="agent")
+        for delay in (0.005, 0.02, 0.05, 0.1, 0.2):  # cancelled at points along the write
+            with trio.move_on_after(delay):
+                await sb.write_file("/tmp/a/cut", big, user="agent")
         r = await sb.exec("grep -c '^agent:' /etc/passwd; ls -a /tmp | grep -c trio_swe-write")
         assert r.output == "1\n0\n"
         assert (await sb.exec("echo s > /tmp/secret && chmod 600 /tmp/secret")).ok

@@ -298,30 +298,33 @@ class DockerSandbox:
         self, path: str, payload: bytes, user: str | None, uid: int, gid: int, mode: int | None
     ) -> None:
         stage = f".trio_swe-write-{uuid.uuid4().hex}"
+        ran = False
         try:
-            await self._engine.request(
-                "PUT",
-                f"/containers/{self._cid}/archive",
-                # In /tmp (sticky): the user may remove its own stage there, not from /.
-                params={"path": "/tmp", "noOverwriteDirNonDir": "true"},
-                content=staged_archive(stage, payload, uid=uid, gid=gid),
-                headers={"content-type": "application/x-tar"},
-                what=f"write_file {path}",
+            try:
+                await self._engine.request(
+                    "PUT",
+                    f"/containers/{self._cid}/archive",
+                    # In /tmp (sticky): the user may remove its own stage there, not from /.
+                    params={"path": "/tmp", "noOverwriteDirNonDir": "true"},
+                    content=staged_archive(stage, payload, uid=uid, gid=gid),
+                    headers={"content-type": "application/x-tar"},
+                    what=f"write_file {path}",
+                )
+            except EngineError as exc:
+                raise SandboxError(f"write_file {path!r} failed: {exc.message}") from exc
+            argv = [*write_args(path, mode), f"/tmp/{stage}/f"]
+            status, _, err, _ = await self._run(
+                ["/bin/sh", "-c", _STAGED_WRITE, "write_file", *argv], user=user, cwd="/"
             )
-        except EngineError as exc:
-            raise SandboxError(f"write_file {path!r} failed: {exc.message}") from exc
-        status, _, err, _ = await self._run(
-            [
-                "/bin/sh",
-                "-c",
-                _STAGED_WRITE,
-                "write_file",
-                *write_args(path, mode),
-                f"/tmp/{stage}/f",
-            ],
-            user=user,
-            cwd="/",
-        )
+            ran = True  # the script removed the stage
+        finally:
+            if not ran:  # cancelled or failed midway: the stage holds the bytes, remove it
+                with trio.CancelScope(shield=True) as scope:
+                    scope.deadline = trio.current_time() + _KILL_SEC
+                    try:
+                        await self._run(["rm", "-rf", "--", f"/tmp/{stage}"], cwd="/")
+                    except SandboxError:
+                        pass  # the container is gone or going, and its files with it
         error = write_error(status, path, user, err.decode(errors="replace").strip())
         if error is not None:
             raise error
