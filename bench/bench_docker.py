@@ -9,6 +9,9 @@ builds the SWE-bench-shaped test image (base + env + instance + deletions, ~85 M
    daemon that has none of its layers, and vs ``skopeo copy`` + ``umoci unpack`` when installed.
 3. Boot + ``exec true`` + kill of the image, already local: the local backend (overlay of the
    unpacked layers, bwrap) vs a Docker container (DockerBackend).
+4. ``write_file`` of 4 KiB as ``agent`` vs as root, in one container: the price of a user's
+   write checked by the kernel (staged, then the write script run as the user) over the archive
+   API's one request.
 
 Rounds alternate between the two sides of each ratio; figures are medians.
 """
@@ -136,6 +139,24 @@ async def boots(env: DockerEnv, scratch: Path) -> None:
     row("boot + exec true + kill: local OCI vs Docker", ours, theirs, "docker")
 
 
+async def writes(env: DockerEnv) -> None:
+    data = b"x" * 4096
+    as_agent: list[float] = []
+    as_root: list[float] = []
+    async with (
+        DockerBackend(host=env.docker_host) as backend,
+        open_sandbox(backend, env.base_image) as sb,
+    ):
+        await sb.write_file("/tmp/w/warm", data, user="agent")  # warm: ids looked up, parents
+        await sb.write_file("/tmp/r/warm", data)
+        for i in range(3 * ROUNDS):
+            for user, out, path in (("agent", as_agent, "/tmp/w"), (None, as_root, "/tmp/r")):
+                t0 = time.perf_counter()
+                await sb.write_file(f"{path}/f{i}", data, user=user)
+                out.append(time.perf_counter() - t0)
+    row("write_file 4 KiB: as root vs as agent", as_root, as_agent, "as agent")
+
+
 async def run() -> None:
     with docker_env() as env, tempfile.TemporaryDirectory(prefix="bench-docker-") as tmp:
         scratch = Path(tmp)
@@ -145,6 +166,7 @@ async def run() -> None:
         await lifecycle(env)
         await boots(env, scratch)
         await pulls(env, scratch)
+        await writes(env)
 
 
 def main() -> None:
