@@ -100,6 +100,15 @@ def test_byte_headers_are_the_requests_headers() -> None:
         c.timeout_header(0)
 
 
+def test_a_peer_nesting_too_deeply_is_a_protocol_error() -> None:
+    deep = b"[" * 100_000  # msgspec raised RecursionError past the interpreter's limit
+    with pytest.raises(c.ProtocolError, match="nested too deeply"):
+        c.parse_end_stream(b'{"error": {"code": "internal", "details": ' + deep)
+    err = c.error_from_response(502, b'{"message": "x", "details": ' + deep, content_type="json")
+    assert err.http_status == 502
+    assert err.code == c.code_for_http_status(502)  # by its status, as for any junk
+
+
 def test_decoder_keeps_an_incomplete_tail_of_a_chunk() -> None:
     a, b = c.encode_envelope(b"one"), c.encode_envelope(b"two", flags=c.FLAG_END_STREAM)
     dec = c.EnvelopeDecoder()

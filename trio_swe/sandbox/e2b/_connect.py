@@ -229,6 +229,8 @@ def parse_end_stream(payload: bytes) -> EndStream:
         return _end_decoder.decode(payload) if payload.strip() else EndStream()
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"bad end-of-stream message: {exc}") from exc
+    except RecursionError:  # msgspec: nested past the interpreter's limit
+        raise ProtocolError("bad end-of-stream message: JSON nested too deeply") from None
 
 
 def end_stream_error(end: EndStream) -> ConnectError | None:
@@ -376,7 +378,7 @@ def error_from_response(
     if body and (ctype.endswith("json") or body[:1] == b"{"):
         try:
             raw = msgspec.json.decode(body)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # RecursionError: nested too deeply
             raw = None
         if isinstance(raw, dict):
             if isinstance(raw.get("code"), str) and raw["code"] in CODE_TO_HTTP:

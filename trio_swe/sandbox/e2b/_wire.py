@@ -303,5 +303,8 @@ def decode(data: bytes | bytearray | memoryview, type_: type[T]) -> T:
     dec = _decoders.get(type_)
     if dec is None:
         dec = _decoders[type_] = msgspec.json.Decoder(type_, strict=False)
-    result: T = dec.decode(data)
+    try:
+        result: T = dec.decode(data)
+    except RecursionError:  # nested past the interpreter's limit (an unknown field's too)
+        raise msgspec.DecodeError("JSON nested too deeply to decode") from None
     return result
