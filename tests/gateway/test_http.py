@@ -344,6 +344,18 @@ async def test_bad_input_is_an_error_in_each_apis_shape_and_records_nothing() ->
             "/v1/chat/completions", json={**ok, "messages": [{"role": "wizard"}]}, headers=key
         )
         assert r.status_code == 400
+        # An assistant turn's tool calls of the wrong shape: 400s naming the field (a function
+        # that was not an object, or tool_calls that were not a list, raised out as a 500).
+        for calls, field in (
+            ([{"id": "c", "type": "function", "function": "read_file"}], "tool_calls.0.function"),
+            ([{"id": "c", "function": {"name": {"n": 1}}}], "tool_calls.0.function"),
+            (7, "messages.1.tool_calls"),
+        ):
+            turn = {"role": "assistant", "content": None, "tool_calls": calls}
+            messages = [{"role": "user", "content": TASK}, turn]
+            r = await client.post("/v1/chat/completions", json=chat_body(messages), headers=key)
+            assert r.status_code == 400, r.text
+            assert field in r.json()["error"]["message"]
         # Not our session: 401 in each shape.
         r = await client.post(
             "/v1/chat/completions", json=ok, headers={"authorization": "Bearer sk-x"}

@@ -85,13 +85,23 @@ def parse_message(raw: Any, where: str) -> Message:
     if role == "assistant":
         calls: list[tuple[str, str, Any]] = []
         ref = ""
-        for j, call in enumerate(raw.get("tool_calls") or []):
+        tool_calls = raw.get("tool_calls") or []
+        if not isinstance(tool_calls, list):
+            raise ApiError(400, "invalid_request", f"{where}.tool_calls: must be an array")
+        for j, call in enumerate(tool_calls):
             if not isinstance(call, dict):
                 raise ApiError(400, "invalid_request", f"{where}.tool_calls.{j}: must be an object")
             fn = call.get("function") or {}
+            name = fn.get("name", "") if isinstance(fn, dict) else None
+            if not isinstance(name, str):
+                raise ApiError(
+                    400,
+                    "invalid_request",
+                    f"{where}.tool_calls.{j}.function: must be an object with a string 'name'",
+                )
             cid = str(call.get("id", ""))
             ref = ref or ref_of_id(cid)
-            calls.append((cid, str(fn.get("name", "")), parse_arguments(fn.get("arguments"))))
+            calls.append((cid, name, parse_arguments(fn.get("arguments"))))
         reasoning = raw.get("reasoning_content")
         return Message(
             role="assistant",
