@@ -4,6 +4,7 @@ each API's shapes, history matching, bad input, faults, many sessions."""
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -589,3 +590,137 @@ async def test_rewritten_history_forks_and_the_builder_says_so() -> None:
         assert kinds[:2] == ["start", "clean"]
         assert kinds[2] in ("realign", "fork")  # the branch, as the builder places it
         assert "fork" in kinds[2:]  # the compacted chain starts a new sample
+
+
+class _Bodies:
+    """Request bodies near each API's shape, a field in six swapped for junk (seeded)."""
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def junk(self, depth: int = 0) -> Any:
+        r = self.rng.random()
+        if depth > 3 or r < 0.4:
+            return self.rng.choice([None, True, 0, -1, 3.5, "", "x", TASK, "\u0000", 10**20])
+        if r < 0.7:
+            return [self.junk(depth + 1) for _ in range(self.rng.randint(0, 3))]
+        keys = ["type", "text", "id", "name", "input", "content", "role", "arguments", "output"]
+        return {self.rng.choice(keys): self.junk(depth + 1) for _ in range(self.rng.randint(0, 4))}
+
+    def maybe(self, value: Any) -> Any:
+        return self.junk() if self.rng.random() < 0.15 else value
+
+    def anthropic(self) -> dict[str, Any]:
+        m = self.maybe
+        blocks = [
+            {
+                "type": m(self.rng.choice(["text", "tool_use", "tool_result", "thinking"])),
+                "text": m("hi"),
+                "id": m("toolu_1"),
+                "name": m("read_file"),
+                "input": m({"path": "/a"}),
+                "tool_use_id": m("toolu_1"),
+                "content": m("ok"),
+            }
+            for _ in range(self.rng.randint(0, 3))
+        ]
+        turns = [
+            {"role": m("assistant"), "content": m(blocks)} for _ in range(self.rng.randint(0, 3))
+        ]
+        tool = {"name": m("read_file"), "input_schema": m(READ["function"]["parameters"])}
+        return {
+            "model": m("m"),
+            "max_tokens": m(100),
+            "system": m(SYSTEM),
+            "messages": m([{"role": "user", "content": TASK}, *turns]),
+            "tools": m([tool]),
+            "stream": m(self.rng.random() < 0.3),
+        }
+
+    def chat(self) -> dict[str, Any]:
+        m = self.maybe
+        calls = [
+            {
+                "id": m("call_1"),
+                "type": "function",
+                "function": m({"name": m("read_file"), "arguments": m('{"path": "/a"}')}),
+            }
+        ]
+        turns = [
+            {
+                "role": m(self.rng.choice(["assistant", "tool", "user"])),
+                "content": m("t"),
+                "tool_calls": m(calls),
+                "tool_call_id": m("call_1"),
+            }
+            for _ in range(self.rng.randint(0, 3))
+        ]
+        messages = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": TASK},
+            *turns,
+        ]
+        return {
+            "model": m("m"),
+            "messages": m(messages),
+            "tools": m([m(READ)]),
+            "stream": m(self.rng.random() < 0.3),
+        }
+
+    def responses(self) -> dict[str, Any]:
+        m = self.maybe
+        items = [
+            {
+                "type": m(
+                    self.rng.choice(
+                        ["message", "function_call", "function_call_output", "reasoning"]
+                    )
+                ),
+                "role": m("assistant"),
+                "content": m([{"type": "output_text", "text": "x"}]),
+                "call_id": m("call_1"),
+                "name": m("read_file"),
+                "arguments": m('{"path": "/a"}'),
+                "output": m("ok"),
+                "summary": m([]),
+            }
+            for _ in range(self.rng.randint(0, 3))
+        ]
+        tool = {
+            "type": "function",
+            "name": "read_file",
+            "parameters": m(READ["function"]["parameters"]),
+        }
+        return {
+            "model": m("m"),
+            "instructions": m(SYSTEM),
+            "input": m([{"role": "user", "content": TASK}, *items]),
+            "tools": m([tool]),
+            "stream": m(self.rng.random() < 0.3),
+        }
+
+
+async def test_bodies_near_each_apis_shape_are_never_a_server_error() -> None:
+    # What a CLI agent sends is the agent's business: a wrong shape is a 4xx, never a 500
+    # (tool calls whose 'function' was not an object were, before this test).
+    bodies = _Bodies(seed=7)
+    routes = (
+        ("/v1/messages", bodies.anthropic),
+        ("/v1/chat/completions", bodies.chat),
+        ("/v1/responses", bodies.responses),
+    )
+    statuses: dict[int, int] = {}
+    async with gateway({"http-1": ["It is fine."] * 200}) as (gw, client, _server):
+        for i in range(40):
+            for path, make in routes:
+                session = gw.open_session(f"fuzz-{i}-{len(path)}")
+                headers = {
+                    "authorization": f"Bearer {session.api_key}",
+                    "x-api-key": session.api_key,
+                }
+                r = await client.post(path, content=json.dumps(make()).encode(), headers=headers)
+                assert r.status_code < 500, (path, r.status_code, r.text)
+                statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
+    # Both paths taken: bodies that reach the policy, and refused ones.
+    assert statuses.get(200, 0) > 20, statuses
+    assert statuses.get(400, 0) > 20, statuses
