@@ -270,14 +270,7 @@ class DockerSandbox:
         tar = file_archive(name, payload, mode=0o644 if mode is None else mode, uid=uid, gid=gid)
         for attempt in (0, 1):
             try:
-                await self._engine.request(
-                    "PUT",
-                    f"/containers/{self._cid}/archive",
-                    params={"path": parent, "noOverwriteDirNonDir": "true"},
-                    content=tar,
-                    headers={"content-type": "application/x-tar"},
-                    what=f"write_file {path}",
-                )
+                await self._put_archive(parent, tar, path)
                 break
             except EngineError as exc:
                 if "cannot overwrite directory" in exc.message:  # moby's pkg/archive says so
@@ -294,6 +287,21 @@ class DockerSandbox:
                 raise SandboxError(f"write_file {path!r}: cannot create {parent}: {out!r}")
         self._stats["files_written"] += 1
 
+    async def _put_archive(self, directory: str, tar: bytes, path: str) -> None:
+        """Extract ``tar`` at ``directory`` with the daemon's rights (for ``write_file path``).
+
+        Raises:
+            EngineError: the daemon refused (404: ``directory`` is missing).
+        """
+        await self._engine.request(
+            "PUT",
+            f"/containers/{self._cid}/archive",
+            params={"path": directory, "noOverwriteDirNonDir": "true"},
+            content=tar,
+            headers={"content-type": "application/x-tar"},
+            what=f"write_file {path}",
+        )
+
     async def _write_as(
         self, path: str, payload: bytes, user: str | None, uid: int, gid: int, mode: int | None
     ) -> None:
@@ -301,14 +309,9 @@ class DockerSandbox:
         ran = False
         try:
             try:
-                await self._engine.request(
-                    "PUT",
-                    f"/containers/{self._cid}/archive",
-                    # In /tmp (sticky): the user may remove its own stage there, not from /.
-                    params={"path": "/tmp", "noOverwriteDirNonDir": "true"},
-                    content=staged_archive(stage, payload, uid=uid, gid=gid),
-                    headers={"content-type": "application/x-tar"},
-                    what=f"write_file {path}",
+                # In /tmp (sticky): the user may remove its own stage there, not from /.
+                await self._put_archive(
+                    "/tmp", staged_archive(stage, payload, uid=uid, gid=gid), path
                 )
             except EngineError as exc:
                 raise SandboxError(f"write_file {path!r} failed: {exc.message}") from exc
