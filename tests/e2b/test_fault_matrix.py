@@ -117,12 +117,19 @@ def one_of_each_kind() -> list[Fault]:
 
 
 async def _dense_ticker(
-    threaded: ThreadedServer, plan: FaultPlan, kinds: Sequence[str], *, rotate: bool
+    threaded: ThreadedServer,
+    plan: FaultPlan,
+    kinds: Sequence[str],
+    *,
+    rotate: bool,
+    min_ticks: int,
+    enough: trio.Event,
 ) -> None:
     """Arm injections every ``DENSE_PERIOD`` s while faults are on.
 
     ``rotate``: one kind per tick, in turn (every kind present, the total at the dense rate);
-    otherwise every kind on every tick (each kind alone at the dense rate).
+    otherwise every kind on every tick (each kind alone at the dense rate). ``enough`` is set
+    after ``min_ticks`` ticks with faults on.
     """
     tick = 0
     while True:
@@ -142,6 +149,8 @@ async def _dense_ticker(
                 plan.add(fault)
 
         await threaded.call(add)
+        if tick >= min_ticks:
+            enough.set()
 
 
 async def run_matrix(
@@ -154,7 +163,14 @@ async def run_matrix(
     seed: int,
     dense: Sequence[str] = (),
     rotate: bool = False,
+    min_ticks: int = 0,
 ) -> dict[str, int]:
+    """Run the matrix; with ``dense``, faults stay on for at least ``min_ticks`` dense ticks.
+
+    How long the calls take depends on the machine, so a fast one would end the run before the
+    ticker armed the injections a test counts on. Each sandbox keeps making filler calls (whose
+    exit codes are checked like the others) until the ticker has ticked ``min_ticks`` times.
+    """
     rng = random.Random(seed)
     plan = FaultPlan([*one_of_each_kind(), *every_fault(p)], seed=seed)
     plan.enabled = False  # boot cleanly; faults start with the commands
@@ -168,6 +184,10 @@ async def run_matrix(
             leftovers: dict[int, str] = {}
             running = {"n": sandboxes}
             quiet = trio.Event()  # every sandbox's calls are done: faults are off
+            enough = trio.Event()  # the dense ticker has ticked min_ticks times
+            if not dense:
+                enough.set()
+            fillers: list[ExecResult] = []
 
             async def one_sandbox(k: int) -> None:
                 async with open_sandbox(backend, "base", ttl_sec=3600) as sb:
@@ -189,6 +209,9 @@ async def run_matrix(
                     async with trio.open_nursery() as nursery:
                         for i, sec, code in mine:
                             nursery.start_soon(one, i, sec, code)
+                    while not enough.is_set():
+                        filler = await exec_and_wait(sb, "sleep 0.3; exit 7", time_budget_sec=600)
+                        fillers.append(filler)
                     running["n"] -= 1
                     if running["n"] == 0:
                         plan.enabled = False  # read the evidence without faults
@@ -208,7 +231,15 @@ async def run_matrix(
                 async with trio.open_nursery() as nursery:
                     if dense:
                         nursery.start_soon(
-                            partial(_dense_ticker, threaded, plan, dense, rotate=rotate)
+                            partial(
+                                _dense_ticker,
+                                threaded,
+                                plan,
+                                dense,
+                                rotate=rotate,
+                                min_ticks=min_ticks,
+                                enough=enough,
+                            )
                         )
                     async with trio.open_nursery() as sandboxes_nursery:
                         for k in range(sandboxes):
@@ -235,6 +266,7 @@ async def run_matrix(
                 [(i, outcomes[i], dict((j, c) for j, _, c in jobs)[i]) for i in wrong[:5]],
             )
             assert sorted(effects) == [j[0] for j in jobs]
+            assert {(f.exit_code, f.reason) for f in fillers} <= {(7, "exit")}, fillers[:5]
             late = {k: late_writes(v) for k, v in leftovers.items()}
             assert not {k: v for k, v in leftovers.items() if late[k] is None}
             stats = await threaded.statistics()
@@ -282,8 +314,16 @@ async def test_fault_matrix_dense_goaway() -> None:
     # Issue 9 item 4: a GOAWAY every 0.6 s (50 per 30 s) under 200 concurrent calls; 33 of 200
     # callers used to get SandboxUnreachableError for commands that ran.
     got = await run_matrix(
-        calls=200, sandboxes=10, min_sec=0.5, max_sec=3.0, p=0.0, seed=7, dense=["goaway"]
+        calls=200,
+        sandboxes=10,
+        min_sec=0.5,
+        max_sec=3.0,
+        p=0.0,
+        seed=7,
+        dense=["goaway"],
+        min_ticks=14,
     )
+    # 14 ticks arm 14 GOAWAYs; the last one or two may find no request before faults go off.
     assert got.get("goaway", 0) >= 10, got
 
 
@@ -299,6 +339,7 @@ async def test_fault_matrix_dense_every_kind() -> None:
         seed=9,
         dense=list(DENSE_SHAPES),
         rotate=True,
+        min_ticks=21,  # three rounds of the seven kinds
     )
     assert got["kinds"] == 7, got
     assert got["faults"] >= 20, got
