@@ -265,6 +265,33 @@ def test_command_sees_sigint_default_stdin_null_and_env(base: str, tmp_path: Pat
     assert f"run={h.plan.nonce}" in tail
 
 
+def test_a_setsid_without_f_falls_back_once(base: str, tmp_path: Path, path_env: str) -> None:
+    """An old setsid refuses ``-f`` (util-linux before 2.31, busybox): the spawn starts the
+    launcher with ``&`` instead, once, and the refusal is not in the command's output."""
+    bindir = tmp_path / "oldsetsid"
+    bindir.mkdir()
+    calls = tmp_path / "setsid-calls"
+    real = shutil.which("setsid", path=path_env)
+    assert real is not None
+    old = bindir / "setsid"
+    old.write_text(
+        "#!/bin/sh\n"
+        f'echo "call $1" >> {calls}\n'
+        'if [ "$1" = -f ]; then echo "setsid: invalid option -- \'f\'" >&2; exit 1; fi\n'
+        f'exec {real} "$@"\n'
+    )
+    old.chmod(0o755)
+    count = tmp_path / "count"
+    h = Host(plan(f"echo ran >> {count}; echo out; exit 3", base, tmp_path), f"{bindir}:{path_env}")
+    assert h.spawn().state == "started"
+    reply = h.wait(tail_when="always")
+    assert L.parse_done(reply, nonce=h.plan.nonce) == (3, len("out\n"))
+    assert reply.tail == "out\n"
+    assert count.read_text() == "ran\n"
+    assert calls.read_text() == "call -f\ncall bash\n"
+    assert h.spawn().state == "replay"
+
+
 def test_replayed_spawn_runs_once(base: str, tmp_path: Path, path_env: str) -> None:
     count = tmp_path / "count"
     h = Host(plan(f"echo x >> {count}", base, tmp_path), path_env)

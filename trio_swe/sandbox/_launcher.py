@@ -233,11 +233,12 @@ fi
 mv -f -- "$t" @RUNFILE@
 # `setsid -f` forks in the foreground, so the launcher does not inherit the SIGINT/SIGQUIT
 # dispositions that sh forces to "ignored" on background jobs (Python would then never raise
-# KeyboardInterrupt). An old setsid without -f: fall back to `&`.
-if setsid -f true </dev/null >/dev/null 2>&1; then
-  pid=$(@RUN@=@NONCE@ setsid -f $B -c @LAUNCHER@ trio-swe-launcher $B @NONCE@ "$F" @RUNFILE@ \\
-        </dev/null 2>>out 8>&-)
-else
+# KeyboardInterrupt). Once it has forked it exits 0, so a failure with no pid means nothing
+# started: an old setsid that refuses -f (or a failed fork). Then `&`, without its complaint.
+pid=$(@RUN@=@NONCE@ setsid -f $B -c @LAUNCHER@ trio-swe-launcher $B @NONCE@ "$F" @RUNFILE@ \\
+      </dev/null 2>>out 8>&-)
+if [ $? -ne 0 ] && [ -z "$pid" ]; then
+  : >out
   pid=$(@RUN@=@NONCE@ setsid $B -c @LAUNCHER@ trio-swe-launcher $B @NONCE@ "$F" @RUNFILE@ \\
         </dev/null 2>>out 8>&- &)
 fi
