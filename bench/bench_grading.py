@@ -23,12 +23,13 @@ the old baseline, printed for comparison (on flask-4992 the two differ by about 
 
 Cases:
 
-* ``swebench classic: pallets__flask-4992``: the real SWE-bench Lite row, graded by swebench
-  4.x's own eval script (classic row: built from repo + version) against Flask 2.2.5's source
-  (its sdist, with its tests; the row's test patch and gold patch apply to it). The row's
-  ``base_commit`` is replaced by the commit of that local reconstruction. Needs a one-time
-  ``python -m bench.prepare_grading`` (downloads the sdist and the test environment's packages
-  from PyPI into ``~/.cache/trio_swe/bench``); skipped, saying so, without it.
+* ``swebench classic: pallets__flask-4992`` and ``pvlib__pvlib-python-1072``: real SWE-bench
+  Lite rows, graded by swebench 4.x's own eval script (classic rows: built from repo + version)
+  against Flask 2.2.5's and pvlib 0.8.0's source (their sdists, with their tests; each row's
+  test patch and gold patch apply to it). The row's ``base_commit`` is replaced by the commit of
+  that local reconstruction. Needs a one-time ``python -m bench.prepare_grading`` (downloads
+  the sdists and the test environments' packages from PyPI into ``~/.cache/trio_swe/bench``);
+  a row not prepared is skipped, saying so.
 * ``swebench classic (calc)``, ``swebench 5.x row (calc)``, ``scaleswe f2p_script (calc)``: the
   tests' tiny calc repository (a sub-second suite: the ratio there is dominated by the fixed
   cost of a grading, shown as the overhead column).
@@ -66,7 +67,7 @@ from trio_swe.sandbox.local import LocalBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench._stats import paired_median_ci, ratio_of_medians_ci, verdict
-from bench.prepare_grading import FLASK_ROW, prepared_flask
+from bench.prepare_grading import REAL_ROWS, RealRow, prepared
 from tests.grading._calc import F2P_SCRIPT, P2P, build_calc_repo
 
 N = int(os.environ.get("BENCH_GRADING_N", "15"))
@@ -164,37 +165,39 @@ async def _measure(
     return alone, warm, gradings
 
 
-def _flask_case(tmp: Path) -> Case | None:
-    prepared = prepared_flask()
-    if prepared is None:
-        print("flask-4992: not prepared (run `python -m bench.prepare_grading` once); skipped")
+def _real_case(tmp: Path, real: RealRow) -> Case | None:
+    got = prepared(real)
+    if got is None:
+        print(
+            f"{real.instance_id}: not prepared (run `python -m bench.prepare_grading` once); skipped"
+        )
         return None
-    src, env_bin = prepared
-    repo = tmp / "flask"
+    src, env_bin = got
+    repo = tmp / real.instance_id
     shutil.copytree(src, repo)
     # The base is an empty commit on top of the tree: the eval script's `git show` prints the
     # base commit, which in SWE-bench's images is one upstream commit, not the whole tree.
     for args in (
         ["init", "-q"],
         ["add", "-A"],
-        ["commit", "-qm", "Flask 2.2.5 sdist"],
+        ["commit", "-qm", f"{real.sdist} sdist"],
         ["commit", "-q", "--allow-empty", "-m", "base"],
     ):
         subprocess.run(["git", "-C", str(repo), *args], check=True, env=GIT_ENV)
     base = subprocess.run(
         ["git", "-C", str(repo), "rev-parse", "HEAD"], check=True, capture_output=True, text=True
     ).stdout.strip()
-    row = json.loads(FLASK_ROW.read_text())
+    row = json.loads(real.row_file.read_text())
     row.update(base_commit=base, image=f"{repo}@{base}")
     return Case(
-        name="swebench classic: pallets__flask-4992",
+        name=f"swebench classic: {real.instance_id}",
         row=row,
         protocol="swebench",
         backend=_backend(env_bin),
         image=row["image"],
         patches=(row["test_patch"], row["patch"]),
         gold=row["patch"],
-        tests_alone=f"{ACTIVATE} && pytest -rA tests/test_config.py",
+        tests_alone=f"{ACTIVATE} && pytest -rA {real.tests}",
     )
 
 
@@ -210,8 +213,9 @@ def main() -> None:
         calc_backend = _backend()
         calc_tests = f"{ACTIVATE} && pytest -rA tests/test_calc.py"
         cases: list[Case] = []
-        if (flask := _flask_case(tmp)) is not None:
-            cases.append(flask)
+        for real in REAL_ROWS:
+            if (case := _real_case(tmp, real)) is not None:
+                cases.append(case)
         api = _swebench_api.get_api()
         if api is not None and api.major < 5:
             cases.append(
