@@ -280,7 +280,9 @@ alive() {
 }
 if [ ! -e done ]; then
   if [ -n "$F" ]; then
-    flock -s -w @WAIT@ lock true >/dev/null 2>&1
+    # On a descriptor: no child to run once the lock is granted (one process start fewer);
+    # the shared lock goes with the descriptor at the end of the group.
+    { flock -s -w @WAIT@ 9; } 9<lock >/dev/null 2>&1
   else
     i=0
     while [ ! -e done ] && [ $i -lt @TICKS@ ] && running; do
