@@ -472,11 +472,20 @@ async def _maybe_outputs(outputs: HarnessOutputs | None) -> AsyncIterator[None]:
 
 async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
     from .grading import local_backend_shims, local_checkouts, require_protocol
-    from .grading._grade_cmd import grade_predictions, read_dataset, read_predictions
+    from .grading._grade_cmd import (
+        check_known,
+        grade_predictions,
+        index_rows,
+        latest_predictions,
+        read_dataset,
+        read_predictions,
+    )
 
     require_protocol(args.protocol)
-    predictions = read_predictions(Path(args.predictions))
+    given = read_predictions(Path(args.predictions))
+    predictions = latest_predictions(given)
     rows = read_dataset(Path(args.dataset))
+    check_known(predictions, index_rows(rows, f"dataset {args.dataset}"))
     model = str((predictions[0] if predictions else {}).get("model_name_or_path") or "model")
     outputs = HarnessOutputs(args.out_dir, args.run_id, model)
     options: dict[str, Any] = {}
@@ -484,6 +493,11 @@ async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
         images = local_checkouts(args.checkouts) if args.checkouts else None
         options = {**local_backend_shims(args.python_env), "images": images}
     console.print(f"grading {len(predictions)} predictions against {len(rows)} rows ({model})")
+    if len(given) > len(predictions):
+        console.print(
+            f"  {len(given) - len(predictions)} earlier prediction(s) for an instance that has a "
+            "later one: the last one is graded, as swebench's harness does"
+        )
 
     def done(iid: str, what: str) -> None:
         console.print(f"  {escape(iid)}: {escape(what)}")

@@ -91,6 +91,50 @@ def read_dataset(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def index_rows(rows: list[dict[str, Any]], source: str = "dataset") -> dict[str, dict[str, Any]]:
+    """The rows by instance id.
+
+    Raises:
+        ConfigError: a row without a text ``instance_id``, or two different rows with one
+            (which of them to grade against would be a guess; identical copies are fine).
+    """
+    by_id: dict[str, dict[str, Any]] = {}
+    first: dict[str, int] = {}
+    for i, row in enumerate(rows):
+        iid = row.get("instance_id")
+        if not isinstance(iid, str) or not iid:
+            raise ConfigError(f"{source}: row {i} has no instance_id")
+        if iid in by_id and by_id[iid] != row:
+            raise ConfigError(
+                f"{source}: rows {first[iid]} and {i} differ but share instance_id {iid!r}"
+            )
+        by_id.setdefault(iid, row)
+        first.setdefault(iid, i)
+    return by_id
+
+
+def latest_predictions(predictions: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One prediction per instance id: the last one given, as swebench's ``run_evaluation``
+    keeps (it maps instance id to prediction), in the order the ids first came."""
+    latest: dict[str, dict[str, Any]] = {}
+    for pred in predictions:
+        latest[pred["instance_id"]] = pred
+    return list(latest.values())
+
+
+def check_known(predictions: list[dict[str, Any]], by_id: Mapping[str, Any]) -> None:
+    """Raises ConfigError naming the predictions whose instance is not in the dataset, as
+    swebench's harness refuses them (before anything runs: a wrong dataset file is the usual
+    cause, and grading the rest would report a run that is not the one asked for)."""
+    unknown = [p["instance_id"] for p in predictions if p["instance_id"] not in by_id]
+    if unknown:
+        shown = ", ".join(repr(i) for i in unknown[:10])
+        more = f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""
+        raise ConfigError(
+            f"{len(unknown)} prediction(s) name instances not in the dataset: {shown}{more}"
+        )
+
+
 async def grade_predictions(
     predictions: list[dict[str, Any]],
     rows: list[dict[str, Any]],
@@ -104,26 +148,27 @@ async def grade_predictions(
 ) -> dict[str, Any]:
     """Grade ``predictions`` against ``rows`` and write the harness's outputs; the run report.
 
+    Predictions for one instance: the last one is graded (:func:`latest_predictions`).
+
     Raises:
-        ConfigError: this install cannot grade the dataset (e.g. the swebench version).
+        ConfigError: this install cannot grade the dataset (e.g. the swebench version), a row
+            is unusable (:func:`index_rows`), or a prediction's instance is not in the dataset;
+            raised before anything runs.
     """
+    by_id = index_rows(rows)
+    predictions = latest_predictions(predictions)
+    check_known(predictions, by_id)
     check_rows(rows, protocol)
-    by_id: dict[str, Mapping[str, Any]] = {}
-    for row in rows:
-        iid = row.get("instance_id")
-        if isinstance(iid, str):
-            by_id[iid] = row
     limiter = trio.CapacityLimiter(concurrency)
     done = on_done or (lambda iid, what: None)
 
     async def one(pred: dict[str, Any]) -> None:
         iid = pred["instance_id"]
         patch = pred.get("model_patch") or ""
-        row = by_id.get(iid)
-        if not patch.strip() or row is None:
-            # Empty: not run (the harness's empty_patch). Unknown: outside the dataset.
+        row = by_id[iid]
+        if not patch.strip():  # not run: the harness's empty_patch
             outputs.add_prediction(iid, patch)
-            done(iid, "empty patch" if row is not None else "not in the dataset")
+            done(iid, "empty patch")
             return
         try:
             md = resolve_image(backend, get_metadata(row, protocol))
