@@ -122,7 +122,7 @@ def parse_program(text: str) -> Program | None:
 _SCRIPT_DIR = re.compile(r"^(?:if )?cd (\S+) 2>/dev/null", re.MULTILINE)
 _SPAWN_NONCE = re.compile(r"ln -s (\S+) spawned")
 _SPAWN_CMD = re.compile(r"^chmod 600 (\S+) 2>/dev/null$", re.MULTILINE)
-_WAIT_SEC = re.compile(r"flock -s -w ([0-9.]+) lock")
+_WAIT_SEC = re.compile(r"\{ flock -s -w ([0-9.]+) 9; \} 9<lock")
 _TAIL = re.compile(r"if (.+?); then tail -c ([0-9]+) out")
 _KILL_NONCE = re.compile(r"run=" + RUN_ENV + r"=(\S+); ")
 _CLEANUP = re.compile(r"^rm -rf -- (\S+)\n?$")
