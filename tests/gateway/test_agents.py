@@ -151,7 +151,7 @@ async def test_cli_reads_edits_finishes_token_exact_reaching_only_the_gateway(
 @pytest.mark.parametrize("instance", ["demo__calc-1", "demo__greet-1"])
 @pytest.mark.parametrize("agent", AGENTS)
 async def test_cli_demo_episode(agent: str, instance: str, tmp_path: Path) -> None:
-    """A demo episode; ``greet`` is scripted to overrun the budget (``sleep 600``, repeated
+    """A demo episode; ``greet`` is scripted to overrun the budget (a 600 s command, repeated
     while the CLI's shell tool hands control back early): reward 0, whatever the CLI."""
     await ensure_installed(agent)
     _, mds, backend = build_demo(tmp_path)

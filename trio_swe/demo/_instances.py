@@ -328,9 +328,15 @@ DEMO_INSTANCES: tuple[DemoInstance, ...] = (
         fixed={"greet.py": _GREET.replace('"?"', '"!"')},
         script=(
             # Repeated: a CLI whose shell tool hands control back early (Codex yields after
-            # 30 s) is sent back to it, so the budget is overrun with every agent.
+            # 30 s) is sent back to it, so the budget is overrun with every agent. Not a bare
+            # `sleep`: Qwen Code 0.15 refuses a command that starts with `sleep N` (N >= 2) at
+            # once, and 458 refused turns filled a 64k context in 46 s, before the budget.
             ScriptedCompletion(
-                _bash("First, a very long investigation.", "sleep 600"), repeat=True
+                _bash(
+                    "First, a very long investigation.",
+                    "python3 -c 'import time; time.sleep(600)'",
+                ),
+                repeat=True,
             ),
             _bash("Fix the punctuation.", 'sed -i \'s/"?"/"!"/\' greet.py'),
             _SUBMIT,
