@@ -52,9 +52,10 @@ def test_predictions_outside_the_dataset_are_named() -> None:
 def _grade(tmp: Path, preds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Any:
     (tmp / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (tmp / "preds.jsonl").write_text("".join(json.dumps(p) + "\n" for p in preds))
+    argv = [sys.executable, "-m", "trio_swe.cli", "grade", str(tmp / "preds.jsonl")]
+    argv += ["--dataset", str(tmp / "rows.jsonl"), "--run-id", "r", "--out-dir", str(tmp / "out")]
     return subprocess.run(
-        [sys.executable, "-m", "trio_swe.cli", "grade", str(tmp / "preds.jsonl")]
-        + ["--dataset", str(tmp / "rows.jsonl"), "--run-id", "r", "--out-dir", str(tmp / "out")],
+        argv,
         capture_output=True,
         text=True,
         timeout=300,
