@@ -42,7 +42,7 @@ def test_the_last_prediction_of_an_instance_is_the_one_kept() -> None:
 
 
 def test_predictions_outside_the_dataset_are_named() -> None:
-    by_id = {"a": {}}
+    by_id: dict[str, Any] = {"a": {}}
     check_known([{"instance_id": "a"}], by_id)
     preds = [{"instance_id": f"n{i}"} for i in range(12)]
     with pytest.raises(ConfigError, match=r"12 prediction\(s\) .* 'n0', .* 'n9' and 2 more"):
