@@ -310,19 +310,27 @@ async def test_fault_matrix_scaled_down() -> None:
     assert got["kinds"] == 7, got  # of every kind the server knows
 
 
-async def test_fault_matrix_dense_goaway() -> None:
-    # Issue 9 item 4: a GOAWAY every 0.6 s (50 per 30 s) under 200 concurrent calls; 33 of 200
-    # callers used to get SandboxUnreachableError for commands that ran.
-    got = await run_matrix(
+async def _dense_run(
+    *, p: float, seed: int, dense: Sequence[str], min_ticks: int, rotate: bool = False
+) -> dict[str, int]:
+    """200 concurrent calls of 0.5-3 s on 10 sandboxes, a dense ticker arming ``dense``."""
+    return await run_matrix(
         calls=200,
         sandboxes=10,
         min_sec=0.5,
         max_sec=3.0,
-        p=0.0,
-        seed=7,
-        dense=["goaway"],
-        min_ticks=14,
+        p=p,
+        seed=seed,
+        dense=dense,
+        rotate=rotate,
+        min_ticks=min_ticks,
     )
+
+
+async def test_fault_matrix_dense_goaway() -> None:
+    # Issue 9 item 4: a GOAWAY every 0.6 s (50 per 30 s) under 200 concurrent calls; 33 of 200
+    # callers used to get SandboxUnreachableError for commands that ran.
+    got = await _dense_run(p=0.0, seed=7, dense=["goaway"], min_ticks=14)
     # 14 ticks arm 14 GOAWAYs; the last one or two may find no request before faults go off.
     assert got.get("goaway", 0) >= 10, got
 
@@ -330,17 +338,8 @@ async def test_fault_matrix_dense_goaway() -> None:
 async def test_fault_matrix_dense_every_kind() -> None:
     # Every kind in turn at the dense rate, on top of the coins: no caller may lose its exit code
     # however many attempts in a row fail.
-    got = await run_matrix(
-        calls=200,
-        sandboxes=10,
-        min_sec=0.5,
-        max_sec=3.0,
-        p=0.01,
-        seed=9,
-        dense=list(DENSE_SHAPES),
-        rotate=True,
-        min_ticks=21,  # three rounds of the seven kinds
-    )
+    # min_ticks: three rounds of the seven kinds.
+    got = await _dense_run(p=0.01, seed=9, dense=list(DENSE_SHAPES), rotate=True, min_ticks=21)
     assert got["kinds"] == 7, got
     assert got["faults"] >= 20, got
 
