@@ -11,6 +11,13 @@ runs only the cases whose name contains one of the comma-separated words.
 The *paired ratio* is the median of each grading over the test run beside it (the same ABBA
 pair), which a load that drifts during the run disturbs less than the ratio of medians.
 
+The *floor* of a swebench row (:class:`Floor`): what every grading of it pays beside its tests,
+each part measured on its own ``N`` times, by the sandbox's clock where it runs there: the eval
+script's own lines before the tests (environment activation, swebench's git steps, the test
+patch; run in the booted sandbox, which they leave as it was), one ``git apply`` of the patch,
+and a fresh sandbox booted and killed. Their medians' sum over the tests alone is the best ratio
+a grading on this backend could reach with the harness's script unmodified.
+
 Bytecode: a grading's sandbox is fresh, so Python compiles every module of the repository that
 the tests import (an image rarely holds ``__pycache__`` for the repository's own sources: this
 flask image has none). Before each timed run of the tests alone, the ``__pycache__``
@@ -62,7 +69,7 @@ from trio_swe.grading import (
     local_backend_shims,
     run_evaluation,
 )
-from trio_swe.sandbox import exec_and_wait, open_sandbox
+from trio_swe.sandbox import Sandbox, exec_and_wait, open_sandbox
 from trio_swe.sandbox.local import LocalBackend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -71,6 +78,8 @@ from bench.prepare_grading import REAL_ROWS, RealRow, prepared
 from tests.grading._calc import F2P_SCRIPT, P2P, build_calc_repo
 
 N = int(os.environ.get("BENCH_GRADING_N", "15"))
+#: swebench's marker before the test command's output (its ``START_TEST_OUTPUT``).
+START_TEST_OUTPUT = ">>>>> Start Test Output"
 #: The issue's goal for the ratio (grading / tests alone), checked against the 95 % intervals.
 GOAL = 1.1
 #: Only the cases whose name contains one of these comma-separated words (default: all).
@@ -106,10 +115,60 @@ def _backend(python_bin: str | None = None) -> LocalBackend:
     )
 
 
+@dataclass
+class Floor:
+    """What any grading of a swebench row pays beside its tests, measured on its own."""
+
+    steps: list[float]  # the eval script's lines before the tests (activate, git steps, test patch)
+    apply: list[float]  # one `git apply` of the patch (the ladder's first rung)
+    boot: list[float]  # a fresh sandbox booted and killed
+
+    def total(self) -> float:
+        return sum(statistics.median(v) for v in (self.steps, self.apply, self.boot))
+
+
+def before_tests(script: str) -> str | None:
+    """The eval script up to its start-of-test-output marker (a shell line, not the test
+    patch's), or None."""
+    lines = script.split("\n")
+    for i, (line, in_body) in enumerate(_swebench_api._shell_lines(lines)):
+        if not in_body and START_TEST_OUTPUT in line:
+            return "\n".join(lines[:i]) + "\n"
+    return None
+
+
+async def _floor(case: Case, sb: Sandbox, md: Any, n: int) -> Floor | None:
+    """``n`` timings of each part of :class:`Floor`, in the booted sandbox of the tests alone
+    (its patches applied: the script's checkout and test patch leave it as it was) and in fresh
+    ones. Timed by the sandbox's clock (``$EPOCHREALTIME``), without the RPCs around them."""
+    if case.protocol != "swebench":
+        return None
+    pre = before_tests(_swebench_api.run_script(_swebench_api.build_test_spec(md).eval_script))
+    if pre is None:
+        return None
+    await sb.write_file("/tmp/pre.sh", pre)
+    timed = (
+        "s=$EPOCHREALTIME; bash /tmp/pre.sh >/dev/null 2>&1; m=$EPOCHREALTIME; "
+        f"git apply --check -R /tmp/p{len(case.patches) - 1}.diff; e=$EPOCHREALTIME; echo $s $m $e"
+    )
+    floor = Floor([], [], [])
+    for _ in range(n):
+        r = await sb.exec(f"bash -c {shlex.quote(timed)}", env=ENV)
+        s, m, e = (float(x) for x in r.output.split()[-3:])
+        floor.steps.append(m - s)
+        floor.apply.append(e - m)
+        t = time.perf_counter()
+        async with open_sandbox(case.backend, case.image):
+            pass
+        floor.boot.append(time.perf_counter() - t)
+    return floor
+
+
 async def _measure(
     case: Case, n: int
-) -> tuple[list[float], list[float], list[tuple[float, dict[str, float]]]]:
-    """``n`` runs of the row's test command alone and ``n`` gradings, interleaved.
+) -> tuple[list[float], list[float], list[tuple[float, dict[str, float]]], Floor | None]:
+    """``n`` runs of the row's test command alone and ``n`` gradings, interleaved, then the
+    row's :class:`Floor` (``n`` times each).
 
     The tests alone run in one booted sandbox with the row's patches applied. Gradings and
     test runs alternate (ABBA order), so load that drifts on a shared machine hits both sides
@@ -162,7 +221,8 @@ async def _measure(
                 gradings.append(await grading())
                 alone.append(await tests_alone())
                 warm.append(await tests_alone(cold=False))
-    return alone, warm, gradings
+        floor = await _floor(case, sb, md, n)
+    return alone, warm, gradings, floor
 
 
 def _real_case(tmp: Path, real: RealRow) -> Case | None:
@@ -268,7 +328,7 @@ def main() -> None:
             f"{'ratio':>6}   grading phases (median s)"
         )
         for case in cases:
-            alone_runs, warm_runs, runs = trio.run(_measure, case, N)
+            alone_runs, warm_runs, runs, floor = trio.run(_measure, case, N)
             alone = statistics.median(alone_runs)
             warm = statistics.median(warm_runs)
             wall = statistics.median(w for w, _ in runs)
@@ -304,6 +364,18 @@ def main() -> None:
                 f"{wall / warm:.2f} (the old baseline)",
                 flush=True,
             )
+            if floor is not None:
+                ms = {
+                    k: 1000 * statistics.median(getattr(floor, k))
+                    for k in ("steps", "apply", "boot")
+                }
+                print(
+                    f"{'':40} floor on this backend: the eval script's own steps before the tests "
+                    f"{ms['steps']:.1f} ms + a patch's git apply {ms['apply']:.1f} ms + a "
+                    f"sandbox's boot and kill {ms['boot']:.1f} ms = {1000 * floor.total():.1f} ms: "
+                    f"no grading of this row here beats {1 + floor.total() / alone:.2f}x",
+                    flush=True,
+                )
         print(
             "tests alone = the row's test command in a booted sandbox with its patches applied, "
             "its __pycache__ and .pytest_cache removed first (as a fresh sandbox has them); "
