@@ -38,3 +38,20 @@ def test_verdict_needs_the_whole_interval() -> None:
     assert verdict(1.02, 1.09, 1.1) == "under"
     assert verdict(1.11, 1.2, 1.1) == "over"
     assert verdict(1.05, 1.12, 1.1) == "undecided"
+
+
+def test_the_floor_runs_the_eval_script_up_to_its_tests_only() -> None:
+    """bench_grading's floor times the eval script's own lines before the tests: cut at the
+    start marker's shell line, never at the same text inside the test patch's here-document."""
+    from bench.bench_grading import START_TEST_OUTPUT, before_tests
+
+    script = (
+        "#!/bin/bash\nset -uxo pipefail\ngit status\n"
+        "git apply -v - <<'EOF_1'\n+print(': \\'" + START_TEST_OUTPUT + "\\'')\nEOF_1\n"
+        f": '{START_TEST_OUTPUT}'\npytest -rA tests\n: '>>>>> End Test Output'\n"
+    )
+    pre = before_tests(script)
+    assert pre is not None
+    assert pre.endswith("EOF_1\n")  # the here-document's line did not cut it
+    assert "pytest" not in pre
+    assert before_tests("git status\npytest\n") is None
