@@ -477,6 +477,7 @@ async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
         grade_predictions,
         index_rows,
         latest_predictions,
+        model_of,
         read_dataset,
         read_predictions,
     )
@@ -486,7 +487,7 @@ async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
     predictions = latest_predictions(given)
     rows = read_dataset(Path(args.dataset))
     check_known(predictions, index_rows(rows, f"dataset {args.dataset}"))
-    model = str((predictions[0] if predictions else {}).get("model_name_or_path") or "model")
+    model = model_of(predictions)
     outputs = HarnessOutputs(args.out_dir, args.run_id, model)
     options: dict[str, Any] = {}
     if args.backend == "local":

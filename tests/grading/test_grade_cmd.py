@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from trio_swe import ConfigError
-from trio_swe.grading._grade_cmd import check_known, index_rows, latest_predictions
+from trio_swe.grading._grade_cmd import check_known, index_rows, latest_predictions, model_of
 
 from ._calc import build_calc_repo
 
@@ -47,6 +47,16 @@ def test_predictions_outside_the_dataset_are_named() -> None:
     preds = [{"instance_id": f"n{i}"} for i in range(12)]
     with pytest.raises(ConfigError, match=r"12 prediction\(s\) .* 'n0', .* 'n9' and 2 more"):
         check_known([{"instance_id": "a"}, *preds], by_id)
+
+
+def test_one_model_per_run() -> None:
+    """The outputs are one model's (its log folders, its report): another model's predictions
+    would be relabelled, so a mix is refused, naming the models."""
+    assert model_of([{"instance_id": "a", "model_name_or_path": "org/m"}] * 2) == "org/m"
+    assert model_of([{"instance_id": "a"}]) == model_of([]) == "model"
+    mixed = [{"instance_id": "a", "model_name_or_path": m} for m in ("org/m", "org/n")]
+    with pytest.raises(ConfigError, match=r"2 models \('org/m', 'org/n'\)"):
+        model_of(mixed)
 
 
 def _grade(tmp: Path, preds: list[dict[str, Any]], rows: list[dict[str, Any]]) -> Any:

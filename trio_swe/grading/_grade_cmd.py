@@ -122,6 +122,23 @@ def latest_predictions(predictions: list[dict[str, Any]]) -> list[dict[str, Any]
     return list(latest.values())
 
 
+def model_of(predictions: list[dict[str, Any]]) -> str:
+    """The predictions' ``model_name_or_path`` (``"model"`` when none is given).
+
+    Raises:
+        ConfigError: they name more than one model: the outputs are written for one model (its
+            log folders, its report), and relabelling the others' predictions would misreport
+            them; grade each model's predictions in a run of its own.
+    """
+    names = {str(p.get("model_name_or_path") or "model") for p in predictions}
+    if len(names) > 1:
+        shown = ", ".join(repr(n) for n in sorted(names)[:5])
+        raise ConfigError(
+            f"predictions name {len(names)} models ({shown}): grade each model's in its own run"
+        )
+    return names.pop() if names else "model"
+
+
 def check_known(predictions: list[dict[str, Any]], by_id: Mapping[str, Any]) -> None:
     """Raises ConfigError naming the predictions whose instance is not in the dataset, as
     swebench's harness refuses them (before anything runs: a wrong dataset file is the usual
