@@ -473,20 +473,18 @@ async def _maybe_outputs(outputs: HarnessOutputs | None) -> AsyncIterator[None]:
 async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:
     from .grading import local_backend_shims, local_checkouts, require_protocol
     from .grading._grade_cmd import (
-        check_known,
         grade_predictions,
-        index_rows,
-        latest_predictions,
         model_of,
+        pair,
         read_dataset,
         read_predictions,
     )
 
     require_protocol(args.protocol)
     given = read_predictions(Path(args.predictions))
-    predictions = latest_predictions(given)
     rows = read_dataset(Path(args.dataset))
-    check_known(predictions, index_rows(rows, f"dataset {args.dataset}"))
+    # Checked here too, before the outputs' directory is made.
+    predictions, _ = pair(given, rows, f"dataset {args.dataset}")
     model = model_of(predictions)
     outputs = HarnessOutputs(args.out_dir, args.run_id, model)
     options: dict[str, Any] = {}

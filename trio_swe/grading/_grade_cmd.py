@@ -152,6 +152,21 @@ def check_known(predictions: list[dict[str, Any]], by_id: Mapping[str, Any]) -> 
         )
 
 
+def pair(
+    predictions: list[dict[str, Any]], rows: list[dict[str, Any]], source: str = "dataset"
+) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """The predictions to grade (:func:`latest_predictions`) and the rows by instance id
+    (:func:`index_rows`), every prediction's instance checked to be there (:func:`check_known`).
+
+    Raises:
+        ConfigError: as those say.
+    """
+    by_id = index_rows(rows, source)
+    latest = latest_predictions(predictions)
+    check_known(latest, by_id)
+    return latest, by_id
+
+
 async def grade_predictions(
     predictions: list[dict[str, Any]],
     rows: list[dict[str, Any]],
@@ -165,16 +180,13 @@ async def grade_predictions(
 ) -> dict[str, Any]:
     """Grade ``predictions`` against ``rows`` and write the harness's outputs; the run report.
 
-    Predictions for one instance: the last one is graded (:func:`latest_predictions`).
+    Predictions for one instance: the last one is graded (:func:`pair`).
 
     Raises:
-        ConfigError: this install cannot grade the dataset (e.g. the swebench version), a row
-            is unusable (:func:`index_rows`), or a prediction's instance is not in the dataset;
-            raised before anything runs.
+        ConfigError: this install cannot grade the dataset (e.g. the swebench version), or the
+            predictions and rows do not pair up (:func:`pair`); raised before anything runs.
     """
-    by_id = index_rows(rows)
-    predictions = latest_predictions(predictions)
-    check_known(predictions, by_id)
+    predictions, by_id = pair(predictions, rows)
     check_rows(rows, protocol)
     limiter = trio.CapacityLimiter(concurrency)
     done = on_done or (lambda iid, what: None)
