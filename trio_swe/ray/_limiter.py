@@ -32,6 +32,8 @@ logger = logging.getLogger(__name__)
 
 #: Name of the limiter actor that workers of every pool find (in the Ray namespace in use).
 DEFAULT_LIMITER_NAME = "trio_swe-limiter"
+#: How long a sandbox's kill waits for the limiter to take its lease back.
+RELEASE_WAIT_SEC = 5.0
 
 
 class _Limiter:
@@ -203,6 +205,20 @@ class LimiterClient:
     def release(self, lease_id: str) -> None:
         self.handle.release.remote(lease_id)
 
+    async def give_back(self, lease_id: str) -> None:
+        """Release ``lease_id`` and wait (shielded, at most :data:`RELEASE_WAIT_SEC`) until the
+        limiter has it back. Ray orders messages per caller only: without the wait, what the
+        worker reports next (the episode's result) could reach the driver, and the driver's own
+        call to the limiter the limiter, before this release did. A limiter that is gone or slow
+        costs no more than that bound."""
+        ref: ObjectRef = self.handle.release.remote(lease_id)
+        with trio.CancelScope(shield=True) as scope:
+            scope.deadline = trio.current_time() + RELEASE_WAIT_SEC
+            try:
+                await wait_ref(ref)
+            except Exception:  # the limiter is gone (its leases with it) or failed: sent anyway
+                logger.debug("lease %s: release not acknowledged", lease_id, exc_info=True)
+
     async def heartbeat_forever(self, every_sec: float) -> None:
         while True:
             self.handle.heartbeat.remote(self.holder)
@@ -250,8 +266,8 @@ class _LeasedSandbox:
             await self._inner.kill()
         finally:
             if self._lease is not None:
-                self._client.release(self._lease)
-                self._lease = None
+                lease, self._lease = self._lease, None
+                await self._client.give_back(lease)
 
     def statistics(self) -> SandboxStatistics:
         return self._inner.statistics()
@@ -284,7 +300,7 @@ class LeasedBackend:
         try:
             sandbox = await self._backend.create_sandbox(spec, nursery)
         except BaseException:
-            self._client.release(lease_id)
+            await self._client.give_back(lease_id)
             raise
         self._client.booted(lease_id)
         return _LeasedSandbox(sandbox, self._client, lease_id)
