@@ -25,10 +25,11 @@ import time
 import trio
 
 from trio_swe import EpisodeResult, SweConfig, open_sandbox, run_rollouts
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.config import BashAgentOptions, BootPolicy, EpisodeBudgets
 from trio_swe.demo import build_demo_set, open_scripted_policy_server
 from trio_swe.grading import get_metadata
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.sandbox.local import LocalBackend
 
 LEVELS = [int(x) for x in os.environ.get("BENCH_EPISODE_CONCURRENCY", "1,4,16").split(",")]

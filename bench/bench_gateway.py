@@ -45,9 +45,9 @@ from typing import Any
 import httpx
 import trio
 
-from trio_swe.agents import SGLangPolicy
 from trio_swe.gateway import open_gateway
 from trio_swe.models import load_tokenizer
+from trio_swe.policy import SGLangPolicy
 
 ROUNDS = int(os.environ.get("BENCH_GATEWAY_ROUNDS", "5"))
 TURNS = int(os.environ.get("BENCH_GATEWAY_TURNS", "8"))

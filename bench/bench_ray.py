@@ -45,10 +45,11 @@ import trio
 import trio.lowlevel
 
 from trio_swe import EpisodeResult, SweConfig, run_rollouts
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.config import replace_option
 from trio_swe.demo import build_demo_set, open_scripted_policy_server
 from trio_swe.grading import InstanceMetadata, get_metadata
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.results import decode_result, encode_result
 from trio_swe.sandbox.local import LocalBackend
 

@@ -69,8 +69,8 @@ from trio_swe import (
     encode_sample,
     truncate,
 )
-from trio_swe.agents._policy import decode_generate_reply
 from trio_swe.gateway._session import _turn_of
+from trio_swe.policy._sglang import decode_generate_reply
 
 EPISODES = int(os.environ.get("BENCH_TRAJECTORY_EPISODES", "6"))
 RUNS = int(os.environ.get("BENCH_TRAJECTORY_RUNS", "5"))

@@ -115,7 +115,6 @@ from trio_swe.config import (  # noqa: E402
 #: Values every option of its kind refuses.
 _BAD_STRINGS = {
     "SWE_BACKEND": ["no-such-backend"],
-    "SWE_AGENT": ["no-such-agent"],
     "SWE_TRAIN_PROTOCOL": ["no-such-protocol"],
     "SWE_EVAL_PROTOCOL": ["no-such-protocol"],
     "SWE_POLICY_URL": ["localhost:30000", "ftp://host", "http://", "http://host:port"],
@@ -150,8 +149,9 @@ _CASES = [
 def test_every_numeric_and_checked_variable_has_bad_values() -> None:
     checked = {var for var, _ in _CASES}
     unchecked = set(ENV_VARS.values()) - checked
-    # Free-form strings: a package path and command lines (any text is a valid command).
-    assert unchecked == {"SWE_NPM_PACKAGE", "SWE_NPM_START_CMD", "SWE_NPM_CHECK_CMD"}
+    # Free-form strings: a package path and command lines (any text is a valid command); the
+    # agent's name is checked against the registry at start (check_agent), not by the config.
+    assert unchecked == {"SWE_NPM_PACKAGE", "SWE_NPM_START_CMD", "SWE_NPM_CHECK_CMD", "SWE_AGENT"}
 
 
 @pytest.mark.parametrize(("var", "value"), _CASES)
@@ -161,11 +161,14 @@ def test_every_variable_refuses_bad_values_by_name(var: str, value: str) -> None
     assert repr(value) in str(info.value)
 
 
-def test_an_unknown_agent_fails_in_from_env_naming_the_choices() -> None:
+def test_an_unknown_agent_fails_at_start_naming_the_choices() -> None:
+    from trio_swe.agents import check_agent
+
+    config = SweConfig.from_env({"SWE_AGENT": "no-such-agent"})
     with pytest.raises(
         ConfigError, match=r"SWE_AGENT=.no-such-agent.*choose one of bash, .*npm-cli"
     ):
-        SweConfig.from_env({"SWE_AGENT": "no-such-agent"})
+        check_agent(config.agent)
 
 
 @pytest.mark.parametrize(

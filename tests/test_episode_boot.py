@@ -13,8 +13,9 @@ import msgspec
 import pytest
 
 from trio_swe import PermanentBootError, open_sandbox, run_episode
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.grading import get_metadata
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.sandbox.local._rootfs import workdir_problem
 

@@ -7,9 +7,10 @@ from pathlib import Path
 import msgspec
 
 from trio_swe import run_episode
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.grading import get_metadata, run_evaluation
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.results import encode_result, read_results
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 
 from trio_swe import EpisodeResult, run_episode, run_rollouts
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy, parse_command
+from trio_swe.agents import BashAgent, parse_command
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.grading import InstanceMetadata
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 
 from .test_episode_support import (
     assert_nothing_left,

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from trio_swe import run_episode
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.testing import open_envd_server, open_scripted_policy_server
 

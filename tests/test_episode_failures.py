@@ -9,9 +9,10 @@ import msgspec
 import trio
 
 from trio_swe import SandboxBootError, run_episode
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.grading import get_metadata
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.sandbox import BackendStatistics, Sandbox, SandboxSpec
 from trio_swe.sandbox.local import LocalBackend
 

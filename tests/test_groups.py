@@ -23,8 +23,9 @@ from trio_swe import (
 )
 from trio_swe._errors import InternalError
 from trio_swe._groups import collapse, open_private_nursery
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.demo import open_scripted_policy_server
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.sandbox import BackendStatistics, Sandbox, SandboxSpec
 from trio_swe.sandbox.local import LocalBackend
 

@@ -10,8 +10,9 @@ import trio
 import trio.testing
 
 from trio_swe import EpisodeResult, run_rollouts
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.demo import open_scripted_policy_server
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config
 

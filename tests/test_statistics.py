@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from trio_swe import aio
-from trio_swe.agents import PolicyStatistics, SGLangPolicy
 from trio_swe.demo import ScriptedServerStatistics, open_scripted_policy_server
+from trio_swe.policy import PolicyStatistics, SGLangPolicy
 from trio_swe.sandbox import Backend, BackendStatistics, SandboxStatistics, open_sandbox
 from trio_swe.testing import EnvdServerStatistics, FaultProxyStatistics, open_envd_server
 from trio_swe.trajectory import BuilderStatistics, SampleBuilder

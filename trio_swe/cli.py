@@ -45,7 +45,7 @@ from ._close import aclose_quietly
 from ._errors import ConfigError, MetadataError, TrioSweError
 from ._groups import leaves
 from ._json import loads
-from .agents import Agent, create_agent
+from .agents import Agent, check_agent, create_agent
 from .config import (
     BACKENDS,
     BashAgentOptions,
@@ -312,7 +312,7 @@ def _config_from_args(
             except ConfigError as exc:
                 raise ConfigError(f"{flag} {value!r}: {exc}") from None
     try:
-        config.validate_agent()
+        check_agent(config.agent)
     except ConfigError as exc:
         raise ConfigError(f"--agent {args.agent!r}: {exc}" if args.agent else str(exc)) from None
     try:
@@ -598,10 +598,9 @@ async def _run_on_ray(
 
 async def _cmd_demo(args: argparse.Namespace, console: Console) -> int:
     from .agents._bash_agent import BashAgent
-    from .agents._policy import SGLangPolicy
-    from .agents._tokenizer import ByteTokenizer, Tokenizer
     from .demo import build_demo_set, open_scripted_policy_server
     from .models import ChatModel
+    from .policy import ByteTokenizer, SGLangPolicy, Tokenizer
 
     if args.agent != "bash":
         return await _cmd_demo_cli(args, console)
@@ -652,10 +651,10 @@ async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
     """The demo with a real CLI agent: its shell tool plays the scripts, through the gateway."""
     from .agents._cli import CLI_AGENTS, CliAgent
     from .agents._install import ensure_installed
-    from .agents._policy import SGLangPolicy
     from .demo import build_demo_set, open_scripted_policy_server
-    from .demo._cli_scripts import RawTextTokenizer, cli_scripts
+    from .demo._cli_scripts import cli_scripts
     from .models import ChatModel, load_tokenizer
+    from .policy import RawTextTokenizer, SGLangPolicy
 
     if args.agent not in CLI_AGENTS:
         console.print(

@@ -375,17 +375,6 @@ class SweConfig(_Options, frozen=True, kw_only=True):
             except ConfigError as exc:
                 raise ConfigError(f"{var}={name!r}: {exc}") from None
 
-    def validate_agent(self) -> None:
-        """Check that ``agent`` names a registered agent.
-
-        Raises:
-            ConfigError: naming the variable and the registered agents.
-        """
-        from .agents._registry import available_agents, unknown_agent
-
-        if self.agent not in available_agents():
-            raise unknown_agent(self.agent)
-
     def check_rows(self, rows: Iterable[Any]) -> None:
         """Check that this install can grade rows shaped like ``rows`` under both protocols.
 
@@ -413,7 +402,9 @@ class SweConfig(_Options, frozen=True, kw_only=True):
         """Read the configuration from the environment (or ``environ``).
 
         Unset or empty variables keep their defaults. ``SWE_BACKEND`` is checked first, then
-        every other variable, then the agent's name, then (``check_protocols``) the protocols.
+        every other variable, then (``check_protocols``) the protocols. The agent's name is
+        checked where agents are made (:func:`trio_swe.agents.check_agent`, at a run's start):
+        the configuration sits below the agents it configures.
 
         Args:
             environ: the variables to read; ``os.environ`` by default.
@@ -423,11 +414,10 @@ class SweConfig(_Options, frozen=True, kw_only=True):
 
         Raises:
             ConfigError: a variable is malformed or out of range (the message names it), the
-                agent or backend is unknown (the message names the choices), or a protocol is
+                backend is unknown (the message names the choices), or a protocol is
                 unknown or unusable.
         """
         config = _from_environ(cls, os.environ if environ is None else environ)
-        config.validate_agent()
         if check_protocols:
             config.validate_protocols()
             if rows is not None:

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from trio_swe import open_sandbox
-from trio_swe.agents import AgentTask, BashAgent, ByteTokenizer, SGLangPolicy, parse_command
+from trio_swe.agents import AgentTask, BashAgent, parse_command
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.testing import open_scripted_policy_server, scripted_logprob
 

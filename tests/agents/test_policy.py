@@ -7,12 +7,12 @@ import pytest
 import trio
 import trio.testing
 
-from trio_swe.agents import ByteTokenizer, PolicyError, SGLangPolicy
 from trio_swe.demo import (
     ScriptedCompletion,
     open_scripted_policy_server,
     scripted_logprob,
 )
+from trio_swe.policy import ByteTokenizer, PolicyError, SGLangPolicy
 
 TOK = ByteTokenizer()
 PROMPT = "Instance: inst-1\n<|im_start|>assistant\n"
@@ -82,7 +82,7 @@ def test_reply_decoding_null_log_probs_old_servers_and_bad_replies() -> None:
 
     import msgspec
 
-    from trio_swe.agents._policy import decode_generate_reply
+    from trio_swe.policy._sglang import decode_generate_reply
 
     def body(**fields: object) -> bytes:
         meta = {"finish_reason": {"type": "length"}, "output_token_logprobs": fields.pop("e")}

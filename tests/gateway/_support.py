@@ -8,11 +8,10 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from trio_swe import Sample, TurnRecord
-from trio_swe.agents import SGLangPolicy
 from trio_swe.demo import ScriptedCompletion, open_scripted_policy_server, scripted_logprob
-from trio_swe.demo._cli_scripts import RawTextTokenizer
 from trio_swe.demo._policy_server import ScriptedPolicyServer
 from trio_swe.models import load_tokenizer
+from trio_swe.policy import RawTextTokenizer, SGLangPolicy
 
 from ..qwen3 import qwen3_dir
 

@@ -15,11 +15,12 @@ import pytest
 import trio
 
 from trio_swe import SampleBuilder, run_episode
-from trio_swe.agents import AgentTask, PolicyError, PolicyOutput
+from trio_swe.agents import AgentTask
 from trio_swe.agents._cli import FORWARD_PORT, CliAgent
 from trio_swe.agents._install import ensure_installed
 from trio_swe.demo import DEMO_INSTANCES
 from trio_swe.demo._cli_scripts import cli_script, tool_call_text
+from trio_swe.policy import PolicyError, PolicyOutput
 from trio_swe.sandbox import open_sandbox
 from trio_swe.sandbox.local import LocalBackend
 
@@ -242,7 +243,8 @@ def test_generate_with_claude_code(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
     from trio_swe import aio, generate
     from trio_swe.demo import build_demo_set, open_scripted_policy_server
-    from trio_swe.demo._cli_scripts import RawTextTokenizer, cli_scripts
+    from trio_swe.demo._cli_scripts import cli_scripts
+    from trio_swe.policy import RawTextTokenizer
 
     from ..models.test_generate_qwen3 import slime_assertions
     from ..qwen3 import qwen3_dir

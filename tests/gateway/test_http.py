@@ -15,10 +15,10 @@ import trio
 import trio.testing
 
 from trio_swe import SampleBuilder
-from trio_swe.agents import PolicyError, PolicyOutput, SGLangPolicy
 from trio_swe.demo import ScriptedCompletion
 from trio_swe.demo._cli_scripts import tool_call_text
 from trio_swe.gateway import Gateway, open_gateway
+from trio_swe.policy import PolicyError, PolicyOutput, SGLangPolicy
 
 from ._support import qwen3_tokenizer, sampled_ids, scripted_policy
 

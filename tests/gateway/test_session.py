@@ -12,12 +12,12 @@ import json
 from typing import Any
 
 from trio_swe import TurnRecord
-from trio_swe.agents import PolicyOutput
 from trio_swe.demo._cli_scripts import tool_call_text
 from trio_swe.gateway import Session
 from trio_swe.gateway._chat import parse_request
 from trio_swe.gateway._session import Pending
 from trio_swe.models import ChatModel
+from trio_swe.policy import PolicyOutput
 
 from ._support import qwen3_tokenizer, sampled_ids
 

@@ -12,13 +12,13 @@ import httpx
 import pytest
 import trio
 
-from trio_swe.agents import PolicyError, PolicyOutput
 from trio_swe.demo import ScriptedCompletion, scripted_logprob
 from trio_swe.demo._cli_scripts import tool_call_text
 from trio_swe.gateway import open_gateway
 from trio_swe.gateway._common import Reply, ReplyToolCall
 from trio_swe.gateway._stream import OutputStream
 from trio_swe.models import ChatModel
+from trio_swe.policy import PolicyError, PolicyOutput
 
 from ._support import END, qwen3_tokenizer, sampled_ids, scripted_policy
 from .test_http import CALL, READ, TASK, chat_body, sse_data, until

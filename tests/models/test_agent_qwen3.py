@@ -11,9 +11,10 @@ import pytest
 import trio
 
 from trio_swe import EpisodeResult, run_episode
-from trio_swe.agents import BashAgent, SGLangPolicy
+from trio_swe.agents import BashAgent
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.models import ChatModel
+from trio_swe.policy import SGLangPolicy
 
 from ..qwen3 import qwen3_dir
 from ..test_cli import TRIO_SWE, _assert_no_sandboxes, _env

@@ -10,11 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from trio_swe import ConfigError, SweConfig, generate, run_episode
-from trio_swe.agents import BashAgent, ByteTokenizer, SGLangPolicy, create_agent
+from trio_swe.agents import BashAgent, create_agent
 from trio_swe.cli import main
 from trio_swe.config import BashAgentOptions
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.models import ChatModel
+from trio_swe.policy import ByteTokenizer, SGLangPolicy
 
 from ..qwen3 import checkpoint_with_template, qwen3_dir
 from ..test_episode_support import build_demo, demo_config

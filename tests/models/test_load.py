@@ -152,8 +152,7 @@ def test_first_tool_with_several_required_arguments(qwen3_path: Path) -> None:
 
 
 def test_vocabulary_size_counts_added_tokens(qwen3: ChatModel, qwen3_path: Path) -> None:
-    from trio_swe.agents import ByteTokenizer
-    from trio_swe.agents._tokenizer import vocabulary_size
+    from trio_swe.policy import ByteTokenizer, vocabulary_size
 
     tok = load_tokenizer(qwen3_path)
     assert tok.vocab_size == 151643  # without the added specials: <|im_end|> would be "outside"

@@ -1,4 +1,4 @@
-"""Agents: the ``Agent`` protocol, the built-in bash agent, the npm CLI harness, policies.
+"""Agents: the ``Agent`` protocol, the built-in bash agent, the CLI agents and their harness.
 
 * :class:`Agent` — ``await agent.run(sandbox, task) -> AgentOutcome``; a registry selects one by
   name (``SWE_AGENT``): :func:`register_agent`, :func:`create_agent`, :func:`available_agents`.
@@ -6,8 +6,8 @@
   recording a :class:`~trio_swe.TurnRecord` per policy call.
 * :func:`install_npm_cli`, :func:`run_agent`, :class:`NpmCliAgent` — CLI coding agents shipped
   as npm packages.
-* :class:`SGLangPolicy` — SGLang's ``/generate`` over httpx; :class:`ByteTokenizer` — a
-  dependency-free tokenizer for demos and tests.
+
+Policies (SGLang, vLLM) and tokenizers live below the agents, in :mod:`trio_swe.policy`.
 """
 
 from __future__ import annotations
@@ -17,16 +17,7 @@ from . import _cli as _cli  # registers the CLI agents
 from ._bash_agent import BashAgent, parse_command, render_first_prompt
 from ._cli import CliAgent, cli_agent_host_paths
 from ._harness import AgentInstallError, NpmCliAgent, install_npm_cli, run_agent
-from ._policy import (
-    Policy,
-    PolicyError,
-    PolicyOutput,
-    PolicyStatistics,
-    SGLangPolicy,
-    StreamingPolicy,
-)
-from ._registry import AgentFactory, available_agents, create_agent, register_agent
-from ._tokenizer import ByteTokenizer, Tokenizer
+from ._registry import AgentFactory, available_agents, check_agent, create_agent, register_agent
 from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = [
@@ -38,18 +29,11 @@ __all__ = [
     "AgentTask",
     "BaseAgent",
     "BashAgent",
-    "ByteTokenizer",
     "CliAgent",
     "NpmCliAgent",
-    "Policy",
-    "PolicyError",
-    "PolicyOutput",
-    "PolicyStatistics",
     "PromptTooLongError",
-    "SGLangPolicy",
-    "StreamingPolicy",
-    "Tokenizer",
     "available_agents",
+    "check_agent",
     "cli_agent_host_paths",
     "create_agent",
     "install_npm_cli",

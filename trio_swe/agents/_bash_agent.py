@@ -28,10 +28,9 @@ import trio
 
 from .._errors import InvalidArgumentError, PromptTooLongError
 from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory, ToolCall
+from ..policy import Policy, PolicyError, PolicyOutput, Tokenizer, vocabulary_size
 from ..sandbox import Sandbox, check_command
 from ..trajectory import TurnRecord, TurnRecorder
-from ._policy import Policy, PolicyError, PolicyOutput
-from ._tokenizer import Tokenizer, vocabulary_size
 from ._types import AgentFinish, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = ["DEFAULT_MAX_PROMPT_TOKENS", "BashAgent", "PromptTooLongError", "render_first_prompt"]

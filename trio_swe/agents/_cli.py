@@ -27,10 +27,10 @@ import trio
 
 from .._errors import AgentInstallError, ConfigError
 from ..config import SweConfig
+from ..policy import Policy
 from ..sandbox import Sandbox
 from ._harness import DEFAULT_CLI_PROMPT, run_agent
 from ._install import CLI_PACKAGES, agent_cache_dir, ensure_installed
-from ._policy import Policy
 from ._registry import AgentFactory, register_agent
 from ._types import Agent, AgentOutcome, AgentTask, BaseAgent
 
@@ -523,7 +523,7 @@ class CliAgent(BaseAgent):
 def _cli_factory(name: str) -> AgentFactory:
     def factory(config: SweConfig) -> Agent:
         from ..models import load_tokenizer
-        from ._policy import SGLangPolicy
+        from ..policy import SGLangPolicy
 
         path = config.bash.tokenizer
         if not path:

@@ -219,9 +219,8 @@ class NpmCliAgent(BaseAgent):
 
 
 def _bash_factory(config: SweConfig) -> Agent:
+    from ..policy import ByteTokenizer, SGLangPolicy, Tokenizer
     from ._bash_agent import BashAgent
-    from ._policy import SGLangPolicy
-    from ._tokenizer import ByteTokenizer, Tokenizer
 
     tokenizer: Tokenizer | ChatModel
     if config.bash.tokenizer:

@@ -15,7 +15,13 @@ from .._errors import ConfigError, InvalidArgumentError
 if TYPE_CHECKING:
     from ._types import Agent
 
-__all__ = ["AgentFactory", "available_agents", "create_agent", "register_agent"]
+__all__ = [
+    "AgentFactory",
+    "available_agents",
+    "check_agent",
+    "create_agent",
+    "register_agent",
+]
 
 #: Builds an agent from the configuration (a :class:`~trio_swe.config.SweConfig`). Typed ``Any``
 #: here because ``config`` asks this module for the agent names when it checks ``SWE_AGENT``:
@@ -56,6 +62,16 @@ def unknown_agent(name: str) -> ConfigError:
         f"SWE_AGENT={name!r} is not a registered agent; choose one of "
         f"{', '.join(available_agents())} or call trio_swe.agents.register_agent()"
     )
+
+
+def check_agent(name: str) -> None:
+    """Check at start-up that ``name`` is a registered agent (``SWE_AGENT``).
+
+    Raises:
+        ConfigError: naming the agent and the registered ones.
+    """
+    if name not in _REGISTRY:
+        raise unknown_agent(name)
 
 
 def create_agent(config: _NamesAnAgent, name: str | None = None) -> Agent:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 from ..agents._bash_agent import parse_command
 from ..models import ChatModel, ParsedOutput, ToolCall
 from ._instances import DEMO_INSTANCES, DemoInstance
 from ._policy_server import ScriptedCompletion
 
-__all__ = ["CLI_SHELL_TOOLS", "RawTextTokenizer", "cli_script", "cli_scripts", "tool_call_text"]
+__all__ = ["CLI_SHELL_TOOLS", "cli_script", "cli_scripts", "tool_call_text"]
 
 #: Each CLI agent's shell tool and its command argument.
 CLI_SHELL_TOOLS: dict[str, tuple[str, str]] = {
@@ -42,22 +41,6 @@ def tool_call_text(name: str, arguments: dict[str, object], reasoning: str = "")
     think = f"<think>\n{reasoning}\n</think>\n\n" if reasoning else ""
     call = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
     return f"{think}<tool_call>\n{call}\n</tool_call>"
-
-
-class RawTextTokenizer:
-    """A Hugging Face tokenizer as the scripted server's :class:`~trio_swe.agents.Tokenizer`:
-    completions are played as written (already in the model's format, see :func:`cli_script`),
-    with the whole vocabulary (special tokens included) valid."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tok = tokenizer
-        self.vocab_size = len(tokenizer)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
-
-    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
-        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
 
 
 def _say(model: ChatModel | None, reasoning: str, call: ToolCall | None, text: str = "") -> str:

@@ -33,10 +33,9 @@ import msgspec
 import trio
 
 from .._groups import open_private_nursery
-from ..agents import ByteTokenizer, Tokenizer
 from ..agents._bash_agent import parse_command
-from ..agents._tokenizer import vocabulary_size
 from ..models import ChatModel, ParsedOutput, ToolCall
+from ..policy import ByteTokenizer, Tokenizer, vocabulary_size
 
 __all__ = [
     "ScriptedCompletion",

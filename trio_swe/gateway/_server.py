@@ -32,8 +32,8 @@ import msgspec
 import trio
 
 from .._errors import ConfigError, InvalidArgumentError
-from ..agents._policy import Policy, PolicyError, PolicyOutput
 from ..models import ChatModel
+from ..policy import Policy, PolicyError, PolicyOutput
 from ..trajectory import TurnRecord
 from . import _anthropic, _chat, _responses
 from ._common import ApiError, Conversation, Reply, new_ref

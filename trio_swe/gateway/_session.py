@@ -34,8 +34,8 @@ import msgspec
 
 from .._errors import ConfigError
 from .._json import loads
-from ..agents._policy import PolicyOutput
 from ..models import ChatModel, NotAppendOnlyError, TokenHistory
+from ..policy import PolicyOutput
 from ..trajectory import TurnRecord, TurnRecorder
 from ._common import ApiError, Conversation, Message, Reply, ReplyToolCall, call_id, new_ref
 

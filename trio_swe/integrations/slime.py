@@ -273,7 +273,7 @@ def _ray_options(config: SweConfig) -> RayOptions | None:
 async def _local_decoder(config: SweConfig) -> Callable[[list[int]], str]:
     """The response text's decoder when the agent ran on a Ray worker: the same tokenizer here."""
     if not config.bash.tokenizer:
-        from ..agents import ByteTokenizer
+        from ..policy import ByteTokenizer
 
         return ByteTokenizer().decode
     import asyncio

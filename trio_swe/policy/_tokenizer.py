@@ -1,11 +1,12 @@
-"""The tokenizer protocol, and a dependency-free byte-level tokenizer for demos and tests."""
+"""The tokenizer protocol; a dependency-free byte-level tokenizer for demos and tests; a Hugging
+Face tokenizer with its whole vocabulary valid (checkpoints' chat templates are in ``models/``)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["ByteTokenizer", "Tokenizer", "vocabulary_size"]
+__all__ = ["ByteTokenizer", "RawTextTokenizer", "Tokenizer", "vocabulary_size"]
 
 
 @runtime_checkable
@@ -53,3 +54,19 @@ def vocabulary_size(tokenizer: object) -> int | None:
     if hasattr(tokenizer, "__len__"):
         size = len(tokenizer)
     return size if isinstance(size, int) else None
+
+
+class RawTextTokenizer:
+    """A Hugging Face tokenizer as a :class:`Tokenizer` that encodes text as written (no special
+    tokens added) with its whole vocabulary, special tokens included, valid: what a scripted server
+    replaying completions already in the model's format needs."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tok = tokenizer
+        self.vocab_size = len(tokenizer)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(self._tok.encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return str(self._tok.decode(list(token_ids), skip_special_tokens=skip_special_tokens))

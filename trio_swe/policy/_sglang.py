@@ -1,4 +1,4 @@
-"""The ``Policy`` protocol (token ids in, token ids and log-probs out) and an SGLang client."""
+"""SGLang's native ``/generate`` as a :class:`~trio_swe.policy.Policy` (token ids in and out)."""
 
 from __future__ import annotations
 
@@ -6,95 +6,16 @@ import math
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from operator import attrgetter
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import httpx
 import msgspec
 import trio
 
 from .._errors import PolicyError
+from ._types import PolicyOutput, PolicyStatistics
 
-__all__ = [
-    "Policy",
-    "PolicyError",
-    "PolicyOutput",
-    "PolicyStatistics",
-    "SGLangPolicy",
-    "StreamingPolicy",
-]
-
-
-class PolicyStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """Counters of an :class:`SGLangPolicy` (:meth:`SGLangPolicy.statistics`).
-
-    Attributes:
-        requests: ``/generate`` requests sent.
-        aborts: ``/abort_request`` calls sent (a cancelled or failed generation).
-        errors: requests that failed (transport, HTTP status, malformed reply).
-        output_tokens: tokens received.
-    """
-
-    requests: int = 0
-    aborts: int = 0
-    errors: int = 0
-    output_tokens: int = 0
-
-
-class PolicyOutput(msgspec.Struct, frozen=True, kw_only=True):
-    """One generation.
-
-    Attributes:
-        output_ids: the sampled token ids.
-        log_probs: the log-probability of each sampled token under the sampling policy;
-            ``len(log_probs) == len(output_ids)``.
-        finish_reason: ``"stop"``, ``"length"`` or ``"abort"`` (SGLang's names).
-    """
-
-    output_ids: list[int]
-    log_probs: list[float]
-    finish_reason: str = "stop"
-
-
-@runtime_checkable
-class Policy(Protocol):
-    """Something that continues a token sequence: an SGLang server, a scripted replay, ..."""
-
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
-        *,
-        session_id: str | None = None,
-    ) -> PolicyOutput:
-        """Sample a continuation of ``input_ids``.
-
-        Args:
-            input_ids: the whole prompt as token ids.
-            sampling_params: SGLang sampling parameters (``max_new_tokens``, ``temperature``...).
-            session_id: a routing key, so one episode's turns reach the same server (prefix cache).
-
-        Raises:
-            PolicyError: the server failed.
-        """
-        ...
-
-
-@runtime_checkable
-class StreamingPolicy(Policy, Protocol):
-    """A :class:`Policy` that can also hand over the sampled ids as they are generated."""
-
-    async def generate_stream(
-        self,
-        input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
-        *,
-        on_tokens: Callable[[list[int]], Awaitable[None]],
-        session_id: str | None = None,
-    ) -> PolicyOutput:
-        """As :meth:`Policy.generate`, awaiting ``on_tokens(new_ids)`` for each piece of the
-        output as it arrives; the output returned holds every id (and its log-prob) that was
-        handed over, in order. An exception from ``on_tokens`` ends the generation."""
-        ...
+__all__ = ["SGLangPolicy", "decode_generate_reply"]
 
 
 # The reply is decoded into exactly what PolicyOutput holds. ``output_ids`` comes as the list
@@ -215,6 +136,7 @@ class SGLangPolicy(trio.abc.AsyncResource):
         client: httpx.AsyncClient | None = None,
         read_timeout_sec: float | None = None,
         headers: Mapping[str, str] | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> None:
         """Create the client.
 
@@ -225,6 +147,7 @@ class SGLangPolicy(trio.abc.AsyncResource):
             read_timeout_sec: bound on one generation; ``None`` waits as long as the caller's
                 cancel scope allows (the episode's budget), which is the trio way.
             headers: extra headers of every request (e.g. authorization).
+            defaults: sampling parameters under each call's own.
         """
         self.base_url = base_url.rstrip("/")
         self._own_client = client is None
@@ -235,6 +158,7 @@ class SGLangPolicy(trio.abc.AsyncResource):
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
         self._headers = dict(headers or {})
+        self.defaults = dict(defaults or {})
         self._stats = {"requests": 0, "aborts": 0, "errors": 0, "output_tokens": 0}
 
     async def aclose(self) -> None:
@@ -258,7 +182,7 @@ class SGLangPolicy(trio.abc.AsyncResource):
         body = {
             "rid": rid,
             "input_ids": list(input_ids),
-            "sampling_params": dict(sampling_params),
+            "sampling_params": {**self.defaults, **sampling_params},
             "return_logprob": True,
         }
         headers = dict(self._headers)
@@ -308,7 +232,7 @@ class SGLangPolicy(trio.abc.AsyncResource):
         body = {
             "rid": rid,
             "input_ids": list(input_ids),
-            "sampling_params": dict(sampling_params),
+            "sampling_params": {**self.defaults, **sampling_params},
             "return_logprob": True,
             "stream": True,
         }
