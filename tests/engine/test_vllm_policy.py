@@ -4,6 +4,7 @@ log-probs that a re-score with the checkpoint's weights gives back; cancellation
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -21,7 +22,9 @@ RESCORE_TOLERANCE = 1e-3
 
 def prompt_ids(checkpoint: Path, text: str = "Fix the failing test in calc.py.") -> list[int]:
     model = ChatModel.from_checkpoint(checkpoint)
-    return model.encode(model.render([{"role": "user", "content": text}], add_generation_prompt=True))
+    return model.encode(
+        model.render([{"role": "user", "content": text}], add_generation_prompt=True)
+    )
 
 
 async def metric(engine: VLLMEngine, name: str, **labels: str) -> float:
@@ -34,6 +37,12 @@ async def metric(engine: VLLMEngine, name: str, **labels: str) -> float:
         if all(f'{k}="{v}"' in line for k, v in labels.items()):
             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+async def until(engine: VLLMEngine, name: str, done: Callable[[float], bool]) -> None:
+    """Poll the engine's own gauge (another process: there is nothing to wait on) until done."""
+    while not done(await metric(engine, name)):  # noqa: ASYNC110
+        await trio.sleep(0.05)
 
 
 @pytest.mark.parametrize("route", ["generate", "completions"])
@@ -59,7 +68,7 @@ async def test_a_seeded_generation_is_the_same_on_every_route_streamed_or_not(
         assert streamed == want
         assert [t for piece in pieces for t in piece] == want.output_ids
         stats = policy.statistics()
-        assert stats.requests == 2 and stats.errors == 0 and stats.aborts == 0
+        assert (stats.requests, stats.errors, stats.aborts) == (2, 0, 0)
         assert stats.output_tokens == 2 * len(want.output_ids)
 
 
@@ -70,10 +79,14 @@ async def test_rollout_log_probs_are_what_the_weights_give_at_the_sampling_tempe
     ids = prompt_ids(checkpoint)
     async with VLLMPolicy(engine.url, vocab_size=151669) as policy:
         outs = [
-            await policy.generate(ids, {"max_new_tokens": 64, "temperature": temperature, "seed": s})
+            await policy.generate(
+                ids, {"max_new_tokens": 64, "temperature": temperature, "seed": s}
+            )
             for s in range(3)
         ]
-    requests = [RescoreRequest(tokens=ids + out.output_ids, temperature=temperature) for out in outs]
+    requests = [
+        RescoreRequest(tokens=ids + out.output_ids, temperature=temperature) for out in outs
+    ]
     worst = 0.0
     for out, scored in zip(outs, rescore(checkpoint, requests), strict=True):
         tail = scored[len(ids) :]
@@ -83,9 +96,7 @@ async def test_rollout_log_probs_are_what_the_weights_give_at_the_sampling_tempe
     # The check has teeth: at T = 0.7 the raw logits' log-probs are far off.
     if temperature != 1.0:
         raw = rescore(checkpoint, [RescoreRequest(tokens=requests[0].tokens, temperature=1.0)])
-        off = max(
-            abs(a - b) for a, b in zip(outs[0].log_probs, raw[0][len(ids) :], strict=True)
-        )
+        off = max(abs(a - b) for a, b in zip(outs[0].log_probs, raw[0][len(ids) :], strict=True))
         assert off > 10 * RESCORE_TOLERANCE
 
 
@@ -106,8 +117,7 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
             started.set()
 
         async def watch_running() -> None:
-            while await metric(engine, "vllm:num_requests_running") < 1:
-                await trio.sleep(0.05)  # polling the engine's own gauge
+            await until(engine, "vllm:num_requests_running", lambda running: running >= 1)
             started.set()
 
         with trio.fail_after(120):
@@ -123,8 +133,7 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
                 nursery.cancel_scope.cancel()
         assert policy.statistics().aborts == 1
     with trio.fail_after(60):
-        while await metric(engine, "vllm:num_requests_running") > 0:
-            await trio.sleep(0.05)
+        await until(engine, "vllm:num_requests_running", lambda running: running == 0)
     assert await metric(engine, "vllm:num_requests_waiting") == 0
     assert await metric(engine, "vllm:request_success_total") == finished_before
     assert await metric(engine, "vllm:generation_tokens_total") - tokens_before < 4000
