@@ -13,7 +13,7 @@ import trio
 
 import trio_swe
 from trio_swe import EpisodeResult, ResultsWriter, read_results
-from trio_swe.cli import _parser
+from trio_swe.cli._parser import build_parser as _parser
 from trio_swe.demo import build_demo_set
 
 TRIO_SWE = str(Path(sys.executable).parent / "trio-swe")

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from trio_swe import ConfigError
-from trio_swe.grading._grade_cmd import check_known, index_rows, latest_predictions, model_of
+from trio_swe.grading.predictions import check_known, index_rows, latest_predictions, model_of
 
 from ._calc import build_calc_repo
 

@@ -200,7 +200,9 @@ def test_instance_folders_are_what_swebench_grades(
 
 def test_run_s_local_backend_options(tmp_path: Path) -> None:
     from trio_swe import ConfigError
-    from trio_swe.cli import _config_from_args, _local_options, _parser
+    from trio_swe.cli._parser import build_parser as _parser
+    from trio_swe.cli.run import config_from_args as _config_from_args
+    from trio_swe.cli.run import local_options as _local_options
 
     def options(*argv: str) -> dict[str, Any] | None:
         args = _parser().parse_args(["run", "rows.jsonl", *argv])
