@@ -195,7 +195,8 @@ class VLLMPolicy(trio.abc.AsyncResource):
             timeout=httpx.Timeout(10.0, read=read_timeout_sec, pool=None),
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
-        self._headers = dict(headers or {})
+        # vLLM refuses a body without this content type (415 as a 400).
+        self._headers = {"content-type": "application/json", **(headers or {})}
         self._stats = {"requests": 0, "aborts": 0, "errors": 0, "output_tokens": 0}
         self._model_lock = trio.Lock()
 
