@@ -90,6 +90,8 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[CalcRepo, Path, list[
     out = trio.run(run)
     text = out.stdout.decode() + out.stderr.decode()
     assert out.returncode == 0, text
+    # swebench's import makes the root logger INFO: httpx's per-request lines stay out.
+    assert "HTTP Request:" not in text, text
     assert f"harness outputs: {tmp / 'harness' / f'{MODEL}.{RUN_ID}.json'}" in text
     return calc, tmp, rows
 

@@ -4,6 +4,7 @@ codes (2 for bad input, 130 on Ctrl-C, 143 on SIGTERM)."""
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
@@ -32,6 +33,10 @@ COMMANDS: dict[str, Command] = {"run": cmd_run, "grade": cmd_grade, "demo": cmd_
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``trio-swe`` console script."""
     args = build_parser().parse_args(argv)
+    # Importing swebench sets the root logger to INFO (logging.basicConfig): httpx would then
+    # print a line per request (every policy call) through the live display.
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     # A pipe or a file gets a wide, plain console (no cursor tricks, no wrapped ids).
     console = Console() if sys.stdout.isatty() else Console(width=140, no_color=True)
     if args.command == "results":

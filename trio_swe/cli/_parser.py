@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Callable
 
 from .. import __version__
 from ..config import BACKENDS, SweConfig
@@ -32,6 +33,27 @@ def _from_env_help(var: str, builtin: object) -> str:
     return f"default: {builtin}, or ${var} when set"
 
 
+def _number(kind: type[float], minimum: float, what: str) -> Callable[[str], float]:
+    """An argparse type: a ``kind`` of at least ``minimum`` (``what`` says which)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if value < minimum or value != value:  # NaN too
+            raise argparse.ArgumentTypeError(f"must be {what}, got {text}")
+        return value
+
+    return parse
+
+
+#: ``--limit``, ``--concurrency``: whole numbers from 1.
+_COUNT = _number(int, 1, "a whole number >= 1")
+#: Seconds of a bound: more than zero.
+_SECONDS = _number(float, 1e-9, "a number of seconds > 0")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``trio-swe`` parser: every command's flags, with where each default comes from."""
     parser = argparse.ArgumentParser(
@@ -58,9 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--backend",
         default=None,
-        help="where sandboxes run: local, e2b, or a registered backend "
+        help="where sandboxes run: local, e2b, docker, or a registered backend "
         f"({_from_env_help('SWE_BACKEND', defaults.backend)}); e2b reads E2B_API_KEY, "
-        "E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN and SSL_CERT_FILE",
+        "E2B_API_URL, E2B_SANDBOX_URL, E2B_DOMAIN and SSL_CERT_FILE; docker reads DOCKER_HOST "
+        "and SWE_DOCKER_BASE_IMAGE (the image host-path rows, dir or path@commit, are copied "
+        "into)",
     )
     run.add_argument(
         "--agent",
@@ -90,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--ray",
         metavar="ADDRESS",
         default=None,
-        help="run the episodes on a Ray cluster: its address, or auto (needs trio-swe[ray])",
+        help="run the episodes on a Ray cluster: its address, or auto (needs trio-swe[ray]); "
+        "connecting gives up after $SWE_RAY_CONNECT_TIMEOUT_SEC (default: 60)",
     )
     run.add_argument(
         "--ray-workers",
@@ -139,7 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="cap of a sample's tokens, 0 for none "
         f"({_from_env_help('SWE_MAX_CONTEXT_TOKENS', defaults.episode.max_context_tokens)})",
     )
-    run.add_argument("--limit", type=int, default=None, help="run at most this many episodes")
+    run.add_argument(
+        "--limit", type=_COUNT, default=None, help="run at most this many episodes (>= 1)"
+    )
     run.add_argument("--no-network", action="store_true", help="agent sandboxes get no network")
     run.add_argument("--no-progress", action="store_true", help="no live display")
     run.add_argument(
@@ -147,7 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="also write SWE-bench's harness outputs here (predictions.jsonl, report, logs)",
     )
-    run.add_argument("--run-id", default="trio_swe", help="run id of the harness outputs")
+    run.add_argument(
+        "--run-id",
+        default=None,
+        help="with --harness-dir: run id of its outputs (default: trio_swe)",
+    )
     run.add_argument(
         "--python-env",
         default=None,
@@ -165,6 +196,11 @@ def build_parser() -> argparse.ArgumentParser:
     grade = sub.add_parser(
         "grade",
         help="grade existing predictions as SWE-bench's harness does (its outputs included)",
+        description="Grade existing predictions (swebench's predictions.jsonl, a JSON list or a "
+        "JSON object keyed by instance id) against the dataset's rows, each in a fresh sandbox, "
+        "and write what swebench.harness.run_evaluation writes: predictions.jsonl, a log "
+        "folder per instance and the report <model>.<run-id>.json. Exits 0 when something was "
+        "graded, 1 when every prediction ended in an error, 2 on bad input.",
     )
     grade.add_argument("predictions", help="predictions: JSONL, a JSON list or a JSON object")
     grade.add_argument("--dataset", required=True, help="the dataset rows (JSONL or JSON list)")
@@ -172,8 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--backend", default="local", choices=BACKENDS)
     grade.add_argument("--run-id", default="trio_swe", help="run id of the harness's outputs")
     grade.add_argument("--out-dir", default=".", help="where the harness's outputs go")
-    grade.add_argument("--timeout", type=float, default=1800.0, help="seconds per test run")
-    grade.add_argument("--concurrency", type=int, default=4)
+    grade.add_argument(
+        "--timeout", type=_SECONDS, default=1800.0, help="seconds per test run (default: 1800)"
+    )
+    grade.add_argument(
+        "--concurrency", type=int, default=4, help="gradings running at once (default: 4)"
+    )
     grade.add_argument(
         "--python-env",
         default=None,
@@ -204,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--agent-budget",
-        type=float,
+        type=_SECONDS,
         default=None,
         help="seconds per agent run (default: 5 for bash, 90 for a CLI agent)",
     )
@@ -224,7 +264,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a checkpoint folder: speak its chat template and tool calls (needs trio-swe[hf])",
     )
     demo.add_argument(
-        "--tool-parser", default="auto", help="tool-call format with --tokenizer (default: auto)"
+        "--tool-parser", default=None, help="tool-call format with --tokenizer (default: auto)"
     )
 
     results = sub.add_parser(
@@ -243,13 +283,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to print (default: table)",
     )
     results.add_argument(
-        "--model", default="trio-swe", help="model_name_or_path of predictions (default: trio-swe)"
+        "--model",
+        default=None,
+        help="predictions: their model_name_or_path (default: trio-swe)",
     )
     results.add_argument(
         "--samples", action="store_true", help="jsonl: include each result's samples"
     )
     results.add_argument("--all", action="store_true", help="table: list every episode")
     results.add_argument(
-        "-o", "--output", default=None, help="write the export here (default: standard output)"
+        "-o",
+        "--output",
+        default=None,
+        help="jsonl, predictions: write the export here (default: standard output)",
     )
     return parser

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+from functools import partial
 
+import trio
 from rich.console import Console
 
 from .._errors import ConfigError
@@ -16,6 +18,43 @@ from ._progress import run_with_progress
 from ._render import SUMMARY_ROWS, aggregate_table, summary_table
 
 __all__ = ["run_on_ray"]
+
+
+#: How long ``ray.init`` may look for the cluster (``SWE_RAY_CONNECT_TIMEOUT_SEC``): its own
+#: search of an address nobody answers at has no end the CLI can see (a log line every 5 s).
+RAY_CONNECT_TIMEOUT_SEC = 60.0
+
+
+def _connect_timeout() -> float:
+    raw = os.environ.get("SWE_RAY_CONNECT_TIMEOUT_SEC", "").strip()
+    try:
+        value = float(raw) if raw else RAY_CONNECT_TIMEOUT_SEC
+    except ValueError:
+        raise ConfigError(f"SWE_RAY_CONNECT_TIMEOUT_SEC={raw!r}: not a number") from None
+    if not value > 0:
+        raise ConfigError(f"SWE_RAY_CONNECT_TIMEOUT_SEC={raw!r}: must be > 0")
+    return value
+
+
+async def connect_ray(address: str, console: Console) -> None:
+    """``ray.init`` in a thread, bounded and cancellable (Ctrl-C, SIGTERM); one-line errors."""
+    import ray
+
+    bound = _connect_timeout()
+    init = partial(ray.init, address=address, namespace="trio_swe", log_to_driver=False)
+    console.print(f"connecting to the Ray cluster at {address} ...")
+    try:
+        with trio.fail_after(bound):
+            # Abandoned on cancellation: the process is on its way out then.
+            await trio.to_thread.run_sync(init, abandon_on_cancel=True)
+    except trio.TooSlowError:
+        raise ConfigError(
+            f"--ray {address}: no Ray cluster answered within {bound:g} s "
+            "(SWE_RAY_CONNECT_TIMEOUT_SEC)"
+        ) from None
+    except (ConnectionError, RuntimeError, ValueError, TimeoutError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"--ray {address}: {first}") from None
 
 
 async def run_on_ray(
@@ -39,7 +78,7 @@ async def run_on_ray(
     except ImportError as exc:
         raise ConfigError(f"--ray needs Ray: pip install 'trio-swe[ray]' ({exc})") from None
     if not ray.is_initialized():
-        ray.init(address=args.ray, namespace="trio_swe", log_to_driver=False)
+        await connect_ray(args.ray, console)
     # The workers build their backend from their own environment: give them this one's E2B
     # settings, so a key set where trio-swe runs is enough (Ray's runtime_env env_vars).
     shipped = {k: v for k, v in os.environ.items() if k.startswith("E2B_") or k == "SSL_CERT_FILE"}

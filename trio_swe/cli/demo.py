@@ -22,6 +22,7 @@ import trio
 from rich.console import Console
 
 from .._close import aclose_quietly
+from .._errors import ConfigError
 from ..agents import CLI_AGENTS, BashAgent, create_agent, ensure_installed
 from ..config import BashAgentOptions, BootPolicy, EpisodeBudgets, SweConfig
 from ..demo import build_demo_set, cli_scripts, open_scripted_policy_server
@@ -38,6 +39,8 @@ __all__ = ["cmd_demo"]
 
 
 async def cmd_demo(args: argparse.Namespace, console: Console) -> int:
+    if args.tool_parser is not None and not args.tokenizer:
+        raise ConfigError("--tool-parser reads a checkpoint's tool calls: give --tokenizer too")
     if args.agent != "bash":
         return await _cmd_demo_cli(args, console)
     started = time.monotonic()
@@ -51,7 +54,7 @@ async def cmd_demo(args: argparse.Namespace, console: Console) -> int:
                 max_turns=10,
                 command_timeout_sec=30.0,
                 tokenizer=args.tokenizer or "",
-                tool_parser=args.tool_parser,
+                tool_parser=args.tool_parser or "auto",
             ),
         )
         mds = [get_metadata(row, "scaleswe") for row in demo.rows]
@@ -65,7 +68,7 @@ async def cmd_demo(args: argparse.Namespace, console: Console) -> int:
                     ChatModel.from_checkpoint,
                     args.tokenizer,
                     tools=BashAgent.TOOLS,
-                    tool_parser=args.tool_parser,
+                    tool_parser=args.tool_parser or "auto",
                 )
             )
             dialect = f"{args.tokenizer}: its chat template, {tokenizer.parser.name} tool calls"
@@ -103,7 +106,7 @@ async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
             args,
             agent_budget_sec=90.0,
             max_context_tokens=max(args.max_context_tokens, 65536),
-            bash=BashAgentOptions(tokenizer=args.tokenizer, tool_parser=args.tool_parser),
+            bash=BashAgentOptions(tokenizer=args.tokenizer, tool_parser=args.tool_parser or "auto"),
         )
         mds = [get_metadata(row, "scaleswe") for row in demo.rows]
         console.print(
@@ -149,7 +152,9 @@ def _demo_config(
     config = SweConfig(
         agent=args.agent,
         episode=EpisodeBudgets(
-            agent_time_budget_sec=args.agent_budget or agent_budget_sec,
+            agent_time_budget_sec=(
+                agent_budget_sec if args.agent_budget is None else args.agent_budget
+            ),
             eval_timeout_sec=60.0,
             setup_timeout_sec=60.0,
             guard_headroom_sec=60.0,

@@ -9,13 +9,22 @@ object keyed by instance id. The grading itself is :func:`trio_swe.grading.predi
 from __future__ import annotations
 
 import argparse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
 
-from ..grading import HarnessOutputs, local_backend_shims, local_checkouts, require_protocol
+from .._errors import ConfigError, MetadataError
+from ..grading import (
+    HarnessOutputs,
+    evaluability_check,
+    get_metadata,
+    local_backend_shims,
+    local_checkouts,
+    require_protocol,
+)
 from ..grading.predictions import (
     grade_predictions,
     model_of,
@@ -24,6 +33,7 @@ from ..grading.predictions import (
     read_predictions,
 )
 from ..sandbox import open_backend
+from .run import check_backend
 
 __all__ = ["cmd_grade"]
 
@@ -33,7 +43,8 @@ async def cmd_grade(args: argparse.Namespace, console: Console) -> int:
     given = read_predictions(Path(args.predictions))
     rows = read_dataset(Path(args.dataset))
     # Checked here too, before the outputs' directory is made.
-    predictions, _ = pair(given, rows, f"dataset {args.dataset}")
+    predictions, by_id = pair(given, rows, f"dataset {args.dataset}")
+    check_protocol_fits(predictions, by_id, args.protocol)
     model = model_of(predictions)
     outputs = HarnessOutputs(args.out_dir, args.run_id, model)
     options: dict[str, Any] = {}
@@ -51,6 +62,7 @@ async def cmd_grade(args: argparse.Namespace, console: Console) -> int:
         console.print(f"  {escape(iid)}: {escape(what)}")
 
     async with open_backend(args.backend, options) as backend:
+        await check_backend(backend)
         report = await grade_predictions(
             predictions,
             rows,
@@ -75,4 +87,45 @@ async def cmd_grade(args: argparse.Namespace, console: Console) -> int:
         value = report[key]
         console.print(f"Instances {label}: {len(value) if isinstance(value, list) else value}")
     console.print(f"report: {escape(str(outputs.report_path()))}")
+    errors = _count(report["error_instances"])
+    if errors and errors == _count(report["submitted_instances"]) - _count(
+        report["empty_patch_instances"]
+    ):
+        console.print(f"[red]every graded prediction ended in an error ({errors})")
+        return 1
     return 0
+
+
+def _count(value: Any) -> int:
+    return len(value) if isinstance(value, list) else int(value)
+
+
+def check_protocol_fits(
+    predictions: list[dict[str, Any]], by_id: Mapping[str, Mapping[str, Any]], protocol: str
+) -> None:
+    """Refuse a run whose every row is another protocol's (each would be an error)."""
+    reasons: set[str] = set()
+    for pred in predictions:
+        try:
+            md = get_metadata(by_id[pred["instance_id"]], protocol)
+        except MetadataError:
+            return  # recorded per instance as an unreadable row
+        reason = evaluability_check(md)
+        if reason is None or not reason.startswith("protocol_row_mismatch"):
+            return
+        reasons.add(reason)
+    if reasons:
+        hint = (
+            {
+                "protocol_row_mismatch:looks_scaleswe": " (they look like scaleswe rows: "
+                "--protocol scaleswe)",
+                "protocol_row_mismatch:looks_swebench": " (they look like swebench rows: "
+                "--protocol swebench)",
+            }.get(next(iter(reasons)), "")
+            if len(reasons) == 1
+            else ""
+        )
+        raise ConfigError(
+            f"--protocol {protocol}: every row is another protocol's "
+            f"({', '.join(sorted(reasons))}){hint}"
+        )

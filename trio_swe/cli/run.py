@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from .._close import aclose_quietly
-from .._errors import ConfigError, MetadataError
+from .._errors import BackendUnavailableError, ConfigError, MetadataError
 from .._json import loads
 from ..agents import check_agent, create_agent
 from ..config import SweConfig, replace_option
@@ -28,13 +29,15 @@ from ..episode import EpisodeResult
 from ..grading import (
     HarnessOutputs,
     InstanceMetadata,
+    evaluability_check,
     get_metadata,
     harness_outputs,
     local_backend_shims,
     local_checkouts,
 )
 from ..results import ResultsWriter, read_results
-from ..sandbox import open_backend
+from ..sandbox import Backend, open_backend
+from ..sandbox.docker import DockerBackend
 from ._progress import run_with_progress
 from ._ray import run_on_ray
 from ._render import SUMMARY_ROWS, aggregate_table, summary_table
@@ -77,6 +80,15 @@ RUN_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
+#: Flags whose value must be positive, and what they are (the option's own check would name
+#: the option's field, not the flag).
+POSITIVE_FLAGS: dict[str, tuple[float, str]] = {
+    "--agent-budget": (1e-9, "a number of seconds > 0"),
+    "--eval-timeout": (1e-9, "a number of seconds > 0"),
+    "--max-context-tokens": (0, "a whole number >= 0 (0 for no cap)"),
+}
+
+
 def config_from_args(
     args: argparse.Namespace, environ: Mapping[str, str] | None = None
 ) -> SweConfig:
@@ -86,6 +98,9 @@ def config_from_args(
         value = getattr(args, dest)
         if value is None:
             continue
+        low, what = POSITIVE_FLAGS.get(flag, (None, ""))
+        if low is not None and not value >= low:
+            raise ConfigError(f"{flag} {value!r}: must be {what}")
         for path in paths:
             try:
                 config = replace_option(config, path, value)
@@ -104,17 +119,73 @@ def config_from_args(
     return config
 
 
+def check_run_flags(args: argparse.Namespace, config: SweConfig) -> None:
+    """Refuse flags that would do nothing in this combination (a silent no-op misleads)."""
+    if args.ray is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--ray-workers", args.ray_workers),
+                ("--max-alive", args.max_alive),
+                ("--max-booting", args.max_booting),
+            )
+            if value
+        ]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only used with --ray ADDRESS")
+    if args.run_id is not None and not args.harness_dir:
+        raise ConfigError("--run-id names the outputs of --harness-dir: give that too")
+    if args.checkouts and config.train_protocol != "swebench":
+        # local_checkouts maps SWE-bench rows (repo, base_commit); other rows keep their image.
+        raise ConfigError(
+            f"--checkouts maps SWE-bench rows (repo@base_commit) to clones: it needs "
+            f"--protocol swebench (protocol is {config.train_protocol!r})"
+        )
+
+
+def check_docker_images(mds: Sequence[InstanceMetadata], config: SweConfig) -> None:
+    """Host-path images (a folder, ``path@commit``) on Docker need SWE_DOCKER_BASE_IMAGE."""
+    if config.backend != "docker" or os.environ.get("SWE_DOCKER_BASE_IMAGE"):
+        return
+    hosted = [md for md in mds if md.image.startswith(("/", "./", "../"))]
+    if hosted:
+        raise ConfigError(
+            f"{len(hosted)} row(s) boot a host path (e.g. {hosted[0].image!r}), which the docker "
+            "backend copies into a container of SWE_DOCKER_BASE_IMAGE: set it to an image with "
+            "the tools the rows need (e.g. python:3.12)"
+        )
+
+
+async def check_backend(backend: Backend) -> None:
+    """Reach the backend once before any episode, so an unreachable daemon is one error here
+    rather than a ``boot_failed`` in every episode."""
+    if isinstance(backend, DockerBackend):
+        try:
+            await backend.engine()
+        except BackendUnavailableError as exc:
+            raise ConfigError(
+                f"--backend docker: the Docker daemon cannot be reached ({exc}); start it, or "
+                "point DOCKER_HOST at it"
+            ) from None
+
+
 async def cmd_run(args: argparse.Namespace, console: Console) -> int:
     config = config_from_args(args)
+    check_run_flags(args, config)
     protocol = config.train_protocol
     rows = _read_rows(Path(args.instances))  # before the results file is touched
+    if not rows:
+        raise ConfigError(f"instances file {args.instances!r} has no rows")
     # Resume: instances already finished (not aborted) are skipped, as many times as they
-    # finished (a dataset may repeat an instance for several samples).
+    # finished (a dataset may repeat an instance for several samples). So are those the
+    # protocol found it can never grade (``unevaluable``) and still cannot.
     previous, _ = read_results(args.out)
     finished = collections.Counter(r.instance_id for r in previous if r.status != "aborted")
+    unevaluable = {r.instance_id for r in previous if r.abort_reason == "unevaluable"}
     skipped = sum(finished.values())
     mds: list[InstanceMetadata] = []
     unreadable = 0
+    never: collections.Counter[str] = collections.Counter()
     for lineno, row in rows:
         try:
             md = get_metadata(row, protocol)
@@ -125,11 +196,30 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
         if finished[md.instance_id] > 0:
             finished[md.instance_id] -= 1
             continue
+        if md.instance_id in unevaluable:
+            reason = evaluability_check(md)
+            if reason is not None:
+                never[reason] += 1
+                continue
         mds.append(md)
+    if unreadable == len(rows):
+        raise ConfigError(
+            f"every row of {args.instances!r} ({len(rows)}) was skipped as unreadable for "
+            f"protocol {protocol!r}: see the lines above"
+        )
+    for reason, n in sorted(never.items()):
+        console.print(f"[yellow]{n} row(s) cannot be graded ({reason}): not run again")
     # Before anything boots: can this install grade these rows (e.g. the swebench version)?
     config.check_rows([row for _, row in rows])
+    check_docker_images(mds, config)
     if args.limit is not None:
         mds = mds[: args.limit]
+    if not mds:
+        console.print(
+            f"nothing to run: {skipped} episode(s) already finished in {args.out}"
+            + (f", {sum(never.values())} row(s) that cannot be graded" if never else "")
+        )
+        return 0
     if args.ray is None:
         console.print(
             f"{len(mds)} episodes to run ({skipped} already finished in {args.out}, "
@@ -145,7 +235,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
             return exit_code(console, results)
         agent = create_agent(config)
         outputs = (
-            HarnessOutputs(args.harness_dir, args.run_id, f"trio_swe__{config.agent}")
+            HarnessOutputs(args.harness_dir, args.run_id or "trio_swe", f"trio_swe__{config.agent}")
             if args.harness_dir
             else None
         )
@@ -154,6 +244,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 open_backend(config.backend, local_options(args, config)) as backend,
                 _maybe_outputs(outputs),
             ):
+                await check_backend(backend)
                 results = await run_with_progress(
                     console,
                     mds,

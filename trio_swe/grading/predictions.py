@@ -30,6 +30,7 @@ from . import (
     run_evaluation,
 )
 from ._harness import HarnessOutputs, harness_outputs
+from ._metadata import instance_id_of
 
 __all__ = [
     "check_known",
@@ -106,7 +107,7 @@ def read_dataset(path: Path) -> list[dict[str, Any]]:
 
 
 def index_rows(rows: list[dict[str, Any]], source: str = "dataset") -> dict[str, dict[str, Any]]:
-    """The rows by instance id.
+    """The rows by instance id (read as :func:`~trio_swe.grading.get_metadata` reads it).
 
     Raises:
         ConfigError: a row without a text ``instance_id``, or two different rows with one
@@ -115,8 +116,12 @@ def index_rows(rows: list[dict[str, Any]], source: str = "dataset") -> dict[str,
     by_id: dict[str, dict[str, Any]] = {}
     first: dict[str, int] = {}
     for i, row in enumerate(rows):
-        iid = row.get("instance_id")
-        if not isinstance(iid, str) or not iid:
+        # As `run` reads it: slime-style rows keep theirs under `metadata` (or `label`).
+        try:
+            iid = instance_id_of(row)
+        except MetadataError as exc:
+            raise ConfigError(f"{source}: row {i}: {exc}") from None
+        if iid == "unknown":
             raise ConfigError(f"{source}: row {i} has no instance_id")
         if iid in by_id and by_id[iid] != row:
             raise ConfigError(
