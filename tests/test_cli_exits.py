@@ -291,3 +291,42 @@ async def test_ray_at_an_address_nobody_answers_is_bounded_and_sigterm_is_143(
             await proc.wait()
     assert proc.returncode == 128 + signal.SIGTERM, seen.decode()
     assert b"Traceback" not in seen, seen.decode()
+
+
+# --- why, not just what (issue 26 item 2) --------------------------------------------------------
+
+
+async def test_the_summary_names_each_abort_reason_with_its_message(tmp_path: Path) -> None:
+    def aborted(iid: str, reason: str, error: str) -> EpisodeResult:
+        return EpisodeResult(
+            instance_id=iid,
+            episode_id=f"{iid}#1",
+            protocol="scaleswe",
+            status="aborted",
+            abort_reason=reason,  # type: ignore[arg-type]
+            error=error,
+        )
+
+    with ResultsWriter(tmp_path / "r.msgpack") as writer:
+        writer.write(aborted("a", "boot_failed", "ConnectError: all attempts failed"))
+        writer.write(aborted("b", "boot_failed", "ConnectError: all attempts failed"))
+        writer.write(aborted("c", "boot_failed", "repo has no commit '0123abc'"))
+        writer.write(aborted("d", "policy_error", "PolicyError: 503 from the server"))
+    rc, out = await _cli("results", "r.msgpack", cwd=tmp_path)
+    assert rc == 0, out
+    assert "why episodes aborted" in out, out
+    lines = out.splitlines()
+    first = next(line for line in lines if "ConnectError: all attempts failed" in line)
+    assert [c.strip() for c in first.split("│")][1:3] == ["boot_failed", "3"], out
+    assert "(2) ConnectError" in first, out
+    assert any("(1) repo has no commit '0123abc'" in line for line in lines), out
+    assert any("policy_error" in ln and "PolicyError: 503 from the server" in ln for ln in lines)
+    # A run says it too, from its own episodes: no policy answers at this address.
+    rows, _ = _demo_rows(tmp_path)
+    rc, out = await _cli(
+        "run", str(rows), "--policy-url", "http://127.0.0.1:1", "--no-progress", cwd=tmp_path
+    )
+    assert rc == 1, out
+    table = out[out.index("why episodes aborted") :]
+    assert "policy_error" in table, out
+    assert "127.0.0.1:1" in table, out

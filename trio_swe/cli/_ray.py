@@ -15,7 +15,7 @@ from ..episode import EpisodeResult
 from ..grading import InstanceMetadata
 from ..results import ResultsWriter
 from ._progress import run_with_progress
-from ._render import SUMMARY_ROWS, aggregate_table, summary_table
+from ._render import print_summary
 
 __all__ = ["run_on_ray"]
 
@@ -110,9 +110,7 @@ async def run_on_ray(
             pool=pool,
         )
         stats = pool.statistics()
-    if len(results) <= SUMMARY_ROWS:
-        console.print(summary_table(results))
-    console.print(aggregate_table(results))
+    print_summary(console, results)
     if stats.deaths:
         console.print(
             f"{stats.deaths} worker(s) died; {stats.reruns} episode(s) ran again elsewhere"

@@ -5,12 +5,21 @@ from __future__ import annotations
 import collections
 from collections.abc import Mapping, Sequence
 
+from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..episode import EpisodeResult, PhaseTimings
 from ..grading import InstanceMetadata
 
-__all__ = ["SUMMARY_ROWS", "Tally", "aggregate_table", "summary_table"]
+__all__ = [
+    "SUMMARY_ROWS",
+    "Tally",
+    "abort_table",
+    "aggregate_table",
+    "print_summary",
+    "summary_table",
+]
 
 #: Per-episode rows shown in the summary; larger runs get the aggregate table only.
 SUMMARY_ROWS = 40
@@ -107,3 +116,53 @@ def summary_table(
             row.append(f"{want:.0f} {'ok' if ok else 'MISMATCH'}" if want is not None else "")
         table.add_row(*row)
     return table
+
+
+#: Distinct messages shown per abort reason (the most frequent first), and their length.
+ABORT_MESSAGES = 3
+MESSAGE_CHARS = 200
+
+
+def abort_table(results: Sequence[EpisodeResult]) -> Table | None:
+    """Why episodes aborted: each reason with its most frequent messages (``error``), so the
+    summary says what a results file's JSONL would; None when nothing aborted."""
+    by_reason: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    for r in results:
+        if r.status == "aborted":
+            message = " ".join((r.error or "(no message)").split())
+            by_reason[r.abort_reason or "unknown"][message] += 1
+    if not by_reason:
+        return None
+    table = Table(title="why episodes aborted")
+    table.add_column("reason")
+    table.add_column("episodes", justify="right")
+    table.add_column("message", overflow="fold")
+    for reason in sorted(by_reason, key=lambda k: (-sum(by_reason[k].values()), k)):
+        messages = by_reason[reason]
+        shown = messages.most_common(ABORT_MESSAGES)
+        for i, (message, n) in enumerate(shown):
+            text = (
+                message if len(message) <= MESSAGE_CHARS else message[: MESSAGE_CHARS - 3] + "..."
+            )
+            table.add_row(
+                reason if i == 0 else "",
+                str(sum(messages.values())) if i == 0 else "",
+                f"({n}) {escape(text)}" if len(messages) > 1 else escape(text),
+            )
+        if len(messages) > ABORT_MESSAGES:
+            rest = len(messages) - ABORT_MESSAGES
+            table.add_row("", "", f"... and {rest} other message(s)")
+    return table
+
+
+def print_summary(
+    console: Console, results: Sequence[EpisodeResult], *, every: bool = False
+) -> None:
+    """The episodes (up to :data:`SUMMARY_ROWS`, or ``every`` one), the summary by status and
+    why episodes aborted."""
+    if len(results) <= SUMMARY_ROWS or every:
+        console.print(summary_table(results))
+    console.print(aggregate_table(results))
+    aborts = abort_table(results)
+    if aborts is not None:
+        console.print(aborts)

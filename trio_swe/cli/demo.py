@@ -33,7 +33,7 @@ from ..policy import ByteTokenizer, RawTextTokenizer, Tokenizer
 from ..results import ResultsWriter
 from ..sandbox import open_backend
 from ._progress import run_with_progress
-from ._render import summary_table
+from ._render import abort_table, summary_table
 
 __all__ = ["cmd_demo"]
 
@@ -212,6 +212,9 @@ def _demo_verdict(
 ) -> int:
     """Print the demo's table and one-line verdict; 0 when every episode earned its reward."""
     console.print(summary_table(results, expected))
+    aborts = abort_table(results)
+    if aborts is not None:
+        console.print(aborts)
     matched = sum(
         1 for r in results if r.status != "aborted" and r.reward == expected[r.instance_id]
     )

@@ -10,7 +10,7 @@ from rich.console import Console
 
 from .._errors import ConfigError
 from ..results import predictions_jsonl, read_results, results_jsonl
-from ._render import SUMMARY_ROWS, aggregate_table, summary_table
+from ._render import print_summary
 
 __all__ = ["cmd_results"]
 
@@ -52,9 +52,7 @@ def cmd_results(args: argparse.Namespace, console: Console) -> int:
             "short (an interrupted writer); reading the intact part"
         )
     if args.format == "table":
-        if len(results) <= SUMMARY_ROWS or args.all:
-            console.print(summary_table(results))
-        console.print(aggregate_table(results))
+        print_summary(console, results, every=args.all)
         return 0
     if args.format == "jsonl":
         lines = results_jsonl(results, samples=args.samples)

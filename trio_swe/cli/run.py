@@ -40,7 +40,7 @@ from ..sandbox import Backend, open_backend
 from ..sandbox.docker import DockerBackend
 from ._progress import run_with_progress
 from ._ray import run_on_ray
-from ._render import SUMMARY_ROWS, aggregate_table, summary_table
+from ._render import print_summary
 
 __all__ = ["cmd_run", "config_from_args", "exit_code", "local_options"]
 
@@ -258,9 +258,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 )
         finally:
             await aclose_quietly([agent], timeout_sec=10.0)
-    if len(results) <= SUMMARY_ROWS:
-        console.print(summary_table(results))
-    console.print(aggregate_table(results))
+    print_summary(console, results)
     console.print(f"results: {args.out} ({writer.written} new, {skipped} from before)")
     if outputs is not None:
         outputs.write_report(md.instance_id for md in mds)
