@@ -383,6 +383,70 @@ async def test_bad_input_is_an_error_in_each_apis_shape_and_records_nothing() ->
         assert bystander.statistics().requests == 0
 
 
+def assert_error_shape(path: str, r: httpx.Response) -> None:
+    """``r`` is an error in the dialect's own shape (Anthropic's, or OpenAI's)."""
+    body = r.json()
+    assert isinstance(body["error"]["type"], str), r.text
+    assert body["error"]["message"], r.text
+    if "/messages" in path:
+        assert body["type"] == "error", r.text
+    else:
+        assert set(body["error"]) >= {"message", "type", "param", "code"}, r.text
+
+
+async def test_a_lone_surrogate_is_a_400_in_each_apis_shape() -> None:
+    # JSON may spell "\ud800" alone; the tokenizer raised TypeError on it (an empty 500).
+    lone = "see \ud800 here"
+    anthropic_tool = {"name": "read_file", "input_schema": READ["function"]["parameters"]}
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", chat_body([{"role": "user", "content": lone}])),
+        (
+            "/v1/chat/completions",
+            chat_body(
+                [{"role": "user", "content": TASK}],
+                tools=[{**READ, "function": {**READ["function"], "name": "r\udc00"}}],
+            ),
+        ),
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": lone}]},
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 9,
+                "messages": [{"role": "user", "content": TASK}],
+                "tools": [{**anthropic_tool, "name": "\ud800"}],
+            },
+        ),
+        (
+            "/v1/messages/count_tokens",
+            {"model": "m", "messages": [{"role": "user", "content": lone}]},
+        ),
+        (
+            "/v1/responses",
+            {"model": "m", "input": lone, "tools": [{**READ["function"], "type": "function"}]},
+        ),
+    ]
+    async with gateway() as (gw, client, server):
+        session = gw.open_session("ep-surrogate")
+        headers = {"authorization": f"Bearer {session.api_key}", "x-api-key": session.api_key}
+        for path, body in bodies:
+            # json.dumps escapes the surrogate as \\ud800, as a client's JSON encoder does.
+            r = await client.post(path, content=json.dumps(body).encode(), headers=headers)
+            assert r.status_code == 400, (path, r.status_code, r.text)
+            assert_error_shape(path, r)
+            assert "surrogate" in r.text
+        # A valid pair (an emoji, escaped) is text, not an error.
+        emoji = chat_body([{"role": "user", "content": TASK + " \ud83d\ude00"}])
+        r = await client.post(
+            "/v1/chat/completions", content=json.dumps(emoji).encode(), headers=headers
+        )
+        assert r.status_code == 200, r.text
+        assert server.statistics().generations == 1
+
+
 async def test_context_overflow_is_the_apis_error_and_a_truncated_sample() -> None:
     async with gateway() as (gw, client, server):
         session = gw.open_session("ep-overflow", max_context_tokens=400)
@@ -601,7 +665,9 @@ class _Bodies:
     def junk(self, depth: int = 0) -> Any:
         r = self.rng.random()
         if depth > 3 or r < 0.4:
-            return self.rng.choice([None, True, 0, -1, 3.5, "", "x", TASK, "\u0000", 10**20])
+            return self.rng.choice(
+                [None, True, 0, -1, 3.5, "", "x", TASK, "\u0000", 10**20, "a\ud800", "\udfff"]
+            )
         if r < 0.7:
             return [self.junk(depth + 1) for _ in range(self.rng.randint(0, 3))]
         keys = ["type", "text", "id", "name", "input", "content", "role", "arguments", "output"]
@@ -706,6 +772,7 @@ async def test_bodies_near_each_apis_shape_are_never_a_server_error() -> None:
     bodies = _Bodies(seed=7)
     routes = (
         ("/v1/messages", bodies.anthropic),
+        ("/v1/messages/count_tokens", bodies.anthropic),
         ("/v1/chat/completions", bodies.chat),
         ("/v1/responses", bodies.responses),
     )
@@ -720,6 +787,8 @@ async def test_bodies_near_each_apis_shape_are_never_a_server_error() -> None:
                 }
                 r = await client.post(path, content=json.dumps(make()).encode(), headers=headers)
                 assert r.status_code < 500, (path, r.status_code, r.text)
+                if r.status_code >= 400:
+                    assert_error_shape(path, r)
                 statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
     # Both paths taken: bodies that reach the policy, and refused ones.
     assert statuses.get(200, 0) > 20, statuses

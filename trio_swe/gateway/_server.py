@@ -286,6 +286,12 @@ class Gateway:
             await exchange.error(exc)
         except _ClientGone:
             self._stats["disconnects"] += 1
+        except Exception as exc:  # a bug of ours: still an answer in the API's shape, logged
+            logger.exception("gateway %s %s failed", exchange.method, exchange.path)
+            try:
+                await exchange.error(ApiError(500, "api_error", f"gateway error: {exc!r}"[:500]))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
 
 class _ClientGone(Exception):
