@@ -3,6 +3,7 @@ each API's shapes, history matching, bad input, faults, many sessions."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from trio_swe import SampleBuilder
 from trio_swe.demo import ScriptedCompletion
 from trio_swe.demo._cli_scripts import tool_call_text
 from trio_swe.gateway import Gateway, open_gateway
+from trio_swe.models import ChatModel
 from trio_swe.policy import PolicyError, PolicyOutput, SGLangPolicy
 
 from ._support import qwen3_tokenizer, sampled_ids, scripted_policy
@@ -793,3 +795,44 @@ async def test_bodies_near_each_apis_shape_are_never_a_server_error() -> None:
     # Both paths taken: bodies that reach the policy, and refused ones.
     assert statuses.get(200, 0) > 20, statuses
     assert statuses.get(400, 0) > 20, statuses
+
+
+async def test_chat_models_cached_are_bounded_by_the_bytes_of_their_tool_lists() -> None:
+    # 64 tool lists of any size were kept: 70 distinct 1 MB lists held 176 MB.
+    def tools(i: int) -> list[dict[str, Any]]:
+        fn = {**READ["function"], "description": f"Tool list {i}. " + "Read a file. " * 16_000}
+        return [{"type": "function", "function": fn}]
+
+    bound = 1024 * 1024
+    async with gateway(tool_cache_bytes=bound) as (gw, client, _):
+        session = gw.open_session("ep-tools")
+        headers = {"x-api-key": session.api_key}
+        for i in range(12):  # ~210 KB each: ~2.5 MB in all
+            t = tools(i)[0]["function"]
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": TASK}],
+                "tools": [
+                    {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "input_schema": t["parameters"],
+                    }
+                ],
+            }
+            r = await client.post("/v1/messages/count_tokens", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+        stats = gw.statistics()
+        assert stats.chat_models == 12
+        assert 0 < stats.chat_models_cached_bytes <= bound
+        # What is alive, not what the cache says: the chat models still referenced anywhere.
+        gc.collect()
+        alive = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, ChatModel)
+            and o.tools
+            and str(o.tools[0]["function"].get("description", "")).startswith("Tool list")
+        ]
+        held = sum(len(json.dumps(m.tools)) for m in alive)
+        assert 0 < held <= bound, (len(alive), held)

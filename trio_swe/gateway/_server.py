@@ -8,13 +8,13 @@ the client to go away (which cancels the call: :class:`~trio_swe.agents.SGLangPo
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import secrets
 import socket as _socket
 import threading
-from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -32,6 +32,7 @@ import msgspec
 import trio
 
 from .._errors import ConfigError, InvalidArgumentError
+from .._lru import Lru
 from ..models import ChatModel
 from ..policy import Policy, PolicyError, PolicyOutput
 from ..trajectory import TurnRecord
@@ -47,6 +48,9 @@ logger = logging.getLogger("trio_swe.gateway")
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+#: Default bound of the chat models cached by tool list, in bytes of the lists' JSON.
+DEFAULT_TOOL_CACHE_BYTES = 8 * 1024 * 1024
 
 #: Default cap of a request body (Claude Code's requests are ~13-80 KB; long episodes grow).
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -64,6 +68,9 @@ class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
         policy_errors: calls that failed.
         disconnects: requests whose client went away before the reply (policy call cancelled).
         chat_models: chat models built (one per distinct tool list, cached).
+        chat_models_cached: chat models in the cache now.
+        chat_models_cached_bytes: the JSON bytes of their tool lists (``tool_cache_bytes``
+            bounds it).
     """
 
     requests: int
@@ -74,6 +81,8 @@ class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
     policy_errors: int
     disconnects: int
     chat_models: int
+    chat_models_cached: int = 0
+    chat_models_cached_bytes: int = 0
 
 
 class GatewaySession:
@@ -140,6 +149,7 @@ class Gateway:
         max_sessions: int,
         tokenizer_threads: int = 2,
         stream_policy: bool = True,
+        tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES,
     ) -> None:
         self.policy = policy
         #: Stream the policy's output into SSE replies as it is generated (a policy with
@@ -154,7 +164,7 @@ class Gateway:
         self.url: str | None = None
         self.unix_socket: str | None = None
         self._sessions: dict[str, GatewaySession] = {}
-        self._models: OrderedDict[str, ChatModel] = OrderedDict()
+        self._models: Lru[bytes, ChatModel] = Lru(64, max_bytes=tool_cache_bytes)
         self._models_lock = threading.Lock()  # chat_model() runs in tokenizing threads
         #: Rendering and tokenizing run in worker threads, at most this many at once (0: on
         #: the trio thread), so a long prompt never stalls the other sessions' streams.
@@ -223,12 +233,15 @@ class Gateway:
             handle.finish()
 
     def chat_model(self, tools: Sequence[Mapping[str, Any]]) -> ChatModel:
-        """The chat model for ``tools`` (built once per distinct list, the last 64 kept).
+        """The chat model for ``tools`` (built once per distinct list; the most recent kept,
+        at most 64 and ``tool_cache_bytes`` of tool JSON).
 
         Raises:
             TemplateError: the chat template cannot render these tools.
         """
-        key = json.dumps(tools, sort_keys=True)
+        text = json.dumps(tools, sort_keys=True).encode("utf-8", "surrogatepass")
+        # Keyed by a digest: the key would otherwise hold a second copy of every list.
+        key = hashlib.sha256(text).digest()
         with self._models_lock:
             model = self._models.get(key)
             if model is None:
@@ -238,12 +251,10 @@ class Gateway:
                     tool_parser=self.tool_parser,
                     template_kwargs=self.template_kwargs,
                 )
-                self._models[key] = model
+                # A model holds its tools as Python objects: ~2-3x their JSON; JSON bytes
+                # bound it in proportion.
+                self._models.put(key, model, nbytes=len(text))
                 self._stats["chat_models"] += 1
-                while len(self._models) > 64:
-                    self._models.popitem(last=False)
-            else:
-                self._models.move_to_end(key)
             return model
 
     async def off_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -263,6 +274,8 @@ class Gateway:
             policy_errors=self._stats["policy_errors"],
             disconnects=self._stats["disconnects"],
             chat_models=self._stats["chat_models"],
+            chat_models_cached=len(self._models),
+            chat_models_cached_bytes=self._models.nbytes,
         )
 
     # -- ASGI ----------------------------------------------------------------------------------
@@ -680,6 +693,7 @@ async def open_gateway(
     max_sessions: int = 4096,
     tokenizer_threads: int = 2,
     stream_policy: bool = True,
+    tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES,
 ) -> AsyncIterator[Gateway]:
     """Serve the recording gateway for the block's duration.
 
@@ -700,6 +714,8 @@ async def open_gateway(
         stream_policy: stream the policy's output into SSE replies as it is generated, when
             the policy can (``generate_stream``, as :class:`~trio_swe.agents.SGLangPolicy`):
             text and reasoning deltas as they come, tool calls once they parsed.
+        tool_cache_bytes: bound of the chat models cached by tool list (the JSON bytes of
+            their lists; a list over it alone is built per request, not kept).
     """
     try:
         from hypercorn.config import Config
@@ -717,6 +733,7 @@ async def open_gateway(
         max_sessions=max_sessions,
         tokenizer_threads=tokenizer_threads,
         stream_policy=stream_policy,
+        tool_cache_bytes=tool_cache_bytes,
     )
     config = Config()
     config.accesslog = None
