@@ -449,6 +449,25 @@ async def test_a_lone_surrogate_is_a_400_in_each_apis_shape() -> None:
         assert server.statistics().generations == 1
 
 
+async def test_claude_codes_billing_header_is_not_rendered() -> None:
+    header = "x-anthropic-billing-header: cc_version=2.1.197.a1b; cc_entrypoint=sdk-cli;"
+    body = {
+        "model": "m",
+        "max_tokens": 256,
+        "system": [{"type": "text", "text": header}, {"type": "text", "text": SYSTEM}],
+        "messages": [{"role": "user", "content": TASK}],
+        "tools": [{"name": "read_file", "input_schema": READ["function"]["parameters"]}],
+    }
+    async with gateway() as (gw, client, _):
+        session = gw.open_session("ep-billing")
+        r = await client.post("/v1/messages", json=body, headers={"x-api-key": session.api_key})
+        assert r.status_code == 200, r.text
+        (turn,) = session.turns()
+        prompt = qwen3_tokenizer().decode(turn.prompt_ids_list())
+        assert "x-anthropic-billing-header" not in prompt
+        assert session.conversations()[0][0] == {"role": "system", "content": SYSTEM}
+
+
 async def test_context_overflow_is_the_apis_error_and_a_truncated_sample() -> None:
     async with gateway() as (gw, client, server):
         session = gw.open_session("ep-overflow", max_context_tokens=400)
@@ -647,7 +666,7 @@ async def test_rewritten_history_forks_and_the_builder_says_so() -> None:
         # A compaction: the history replaced by a summary matches no reply: a new chain.
         await ask([first[0], {"role": "user", "content": TASK + "\n\nSummary: a.py read."}])
         stats = session.statistics()
-        assert (stats.chains, stats.forks, stats.turns) == (3, 1, 4)
+        assert (stats.chains, stats.forks, stats.turns) == (3, 2, 4)
         builder = SampleBuilder()
         for t in session.turns():
             builder.add(t)
@@ -656,6 +675,33 @@ async def test_rewritten_history_forks_and_the_builder_says_so() -> None:
         assert kinds[:2] == ["start", "clean"]
         assert kinds[2] in ("realign", "fork")  # the branch, as the builder places it
         assert "fork" in kinds[2:]  # the compacted chain starts a new sample
+
+
+async def test_a_dropped_reply_starts_a_chain_counted_as_the_fork_the_builder_sees() -> None:
+    # The CLI drops our first reply and asks the same first request again: the history
+    # matches no reply, so a new chain starts; the builder makes it a new sample ("fork"),
+    # and statistics().forks said 0.
+    script = [CALL, tool_call_text("read_file", {"path": "/testbed/b.py"})]
+    async with gateway({"http-1": script}) as (gw, client, _):
+        session = gw.open_session("ep-drop", sampling_params={"max_new_tokens": 256})
+        auth = {"authorization": f"Bearer {session.api_key}"}
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+        for _ in range(2):
+            r = await client.post("/v1/chat/completions", json=chat_body(first), headers=auth)
+            assert r.status_code == 200, r.text
+        stats = session.statistics()
+        assert (stats.chains, stats.turns, stats.appended) == (2, 2, 0)
+        assert stats.forks == 1
+
+        def kinds(builder: SampleBuilder) -> list[str]:
+            for t in session.turns():
+                builder.add(t)
+            samples = builder.finish(reward=1.0)
+            return [k for s in samples for k in s.metadata["trajectory"]["turn_kinds"]]
+
+        assert kinds(SampleBuilder(fork_threshold_tokens=0)) == ["start", "fork"]
+        # The default builder may instead realign a short output onto the held tokens.
+        assert kinds(SampleBuilder())[1] in ("fork", "realign")
 
 
 class _Bodies:

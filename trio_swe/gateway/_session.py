@@ -53,7 +53,10 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
         turns: turns recorded on the episode's chains.
         side_turns: turns recorded on side chains (requests without tools).
         chains: chains started (side chains included).
-        forks: chains started from a rewritten or branched history.
+        forks: chains of the episode started after its first (a branch off a reply, a
+            dropped reply, a compaction): each starts a new sample in the sample builder
+            (turn kind ``fork``; the builder may instead ``realign`` a branch whose prompt
+            diverges inside the last response). Side chains are not counted.
         appended: requests that continued a chain by an append-only delta.
         delta_tokens: tokens rendered for those deltas.
         rendered_tokens: tokens rendered for the first prompts of chains.
@@ -519,10 +522,14 @@ class Session:
             # A concurrent request extended this chain first: this one branches off it.
             chain, pending.chain, pending.forked = None, None, True
         if chain is None:
+            # Any chain of the episode after its first starts a new sample in the builder
+            # (turn kind "fork"), whether it branched off a reply or matched nothing (a CLI
+            # that dropped our reply, a compaction): count it so.
+            later = not pending.side and any(not c.side for c in self._chains)
             chain = _Chain(len(self._chains), pending.history, [], pending.side, recorder)
             self._chains.append(chain)
             self._stats["chains"] += 1
-            if pending.forked:
+            if pending.forked or later:
                 self._stats["forks"] += 1
             pending.chain = chain
         return chain
