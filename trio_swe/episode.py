@@ -133,6 +133,12 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
         boot_attempts: sandbox creations tried (agent and eval sandboxes).
         boot_retries: creations that failed and were retried.
         agent_output: the tail of the agent's transcript or log.
+        group_id: the group this episode belongs to (GRPO: the episodes of one instance in one
+            run; :func:`~trio_swe.rollout.plan_groups` names them). Files written before groups
+            existed read as ``""``: :attr:`group` falls back to the instance id.
+        group_index: the episode's place in its group (0 to n - 1).
+        seed: the sampling seed the agent was given (``sampling_params["seed"]``; each policy
+            call adds its turn index), None when the policy sampled unseeded.
     """
 
     instance_id: str
@@ -153,6 +159,14 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
     boot_attempts: int = 0
     boot_retries: int = 0
     agent_output: str = ""
+    group_id: str = ""
+    group_index: int = 0
+    seed: int | None = None
+
+    @property
+    def group(self) -> str:
+        """:attr:`group_id`, or the instance id for results written before groups existed."""
+        return self.group_id or self.instance_id
 
     @property
     def patch_text(self) -> str:
@@ -342,6 +356,8 @@ async def run_episode(
     limiter: trio.CapacityLimiter | None = None,
     network: bool = True,
     build_samples: bool = True,
+    group_id: str | None = None,
+    group_index: int = 0,
 ) -> EpisodeResult:
     """Run one episode of ``agent`` on instance ``md`` and grade it.
 
@@ -363,6 +379,8 @@ async def run_episode(
         limiter: the boot limiter; :func:`boot_limiter` of this trio run when None.
         network: whether the agent's sandbox gets network access.
         build_samples: False skips the samples (evaluation runs).
+        group_id: the episode's group (default: the instance id); see :attr:`EpisodeResult.group_id`.
+        group_index: its place in the group.
 
     Returns:
         The result; see :class:`EpisodeResult`.
@@ -377,6 +395,7 @@ async def run_episode(
         cfg,
         episode_id=episode_id or f"{md.instance_id}#{uuid.uuid4().hex[:12]}",
         sampling_params=sampling_params,
+        group=(group_id or md.instance_id, group_index),
     )
     started = time.monotonic()
     abort: tuple[AbortReason, str] | None = None
@@ -419,8 +438,10 @@ class _Episode:
         *,
         episode_id: str,
         sampling_params: Mapping[str, Any] | None,
+        group: tuple[str, int],
     ) -> None:
         self.md = md
+        self.group = group
         self.agent = agent
         self.backend = backend
         self.config = config
@@ -565,4 +586,12 @@ class _Episode:
             timings=self.timings,
             boot_attempts=self.backend.attempts,
             boot_retries=self.backend.retries,
+            group_id=self.group[0],
+            group_index=self.group[1],
+            seed=_seed_of(self.sampling_params),
         )
+
+
+def _seed_of(params: Mapping[str, Any]) -> int | None:
+    seed = params.get("seed")
+    return int(seed) if seed is not None else None
