@@ -21,14 +21,14 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import functools
 import os
 import shutil
 import signal
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -55,8 +55,14 @@ from .config import (
     replace_option,
 )
 from .episode import EpisodeResult, PhaseTimings
-from .grading import HarnessOutputs, InstanceMetadata, get_metadata, harness_outputs
-from .results import ResultsWriter, predictions_jsonl, read_results, results_jsonl
+from .grading import HarnessOutputs, InstanceMetadata, get_metadata
+from .results import (
+    ResultsWriter,
+    harness_record,
+    predictions_jsonl,
+    read_results,
+    results_jsonl,
+)
 from .rollout import run_rollouts
 from .sandbox import Backend, open_backend
 
@@ -202,6 +208,7 @@ async def _run_with_progress(
     show_progress: bool,
     on_result: Callable[[EpisodeResult], None] | None = None,
     pool: Any = None,
+    keep_eval_artifacts: bool = False,
 ) -> list[EpisodeResult]:
     """Run ``mds`` with a live display: here (``agent`` on ``backend``), or on a Ray ``pool``."""
     tally = _Tally(len(mds))
@@ -238,6 +245,7 @@ async def _run_with_progress(
             concurrency=concurrency,
             network=network,
             on_start=tally.started,
+            keep_eval_artifacts=keep_eval_artifacts,
         )
     with live if show_progress else contextlib.nullcontext(live):
         async with stream_cm as stream:
@@ -369,10 +377,7 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
             else None
         )
         try:
-            async with (
-                open_backend(config.backend, _local_options(args, config)) as backend,
-                _maybe_outputs(outputs),
-            ):
+            async with open_backend(config.backend, _local_options(args, config)) as backend:
                 results = await _run_with_progress(
                     console,
                     mds,
@@ -383,6 +388,9 @@ async def _cmd_run(args: argparse.Namespace, console: Console) -> int:
                     writer=writer,
                     network=not args.no_network,
                     show_progress=not args.no_progress,
+                    # The harness's files are written from each result as it arrives.
+                    on_result=functools.partial(harness_record, outputs) if outputs else None,
+                    keep_eval_artifacts=outputs is not None,
                 )
         finally:
             await aclose_quietly([agent], timeout_sec=10.0)
@@ -461,13 +469,6 @@ def _cmd_results(args: argparse.Namespace, console: Console) -> int:
         Path(args.output).write_bytes(data)
         console.print(f"wrote {len(lines)} lines to {args.output}")
     return 0
-
-
-@asynccontextmanager
-async def _maybe_outputs(outputs: HarnessOutputs | None) -> AsyncIterator[None]:
-    """Gradings inside write the harness's outputs to ``outputs`` (when given)."""
-    with harness_outputs(outputs) if outputs is not None else contextlib.nullcontext():
-        yield
 
 
 async def _cmd_grade(args: argparse.Namespace, console: Console) -> int:

@@ -38,11 +38,12 @@ from ._retry import Backoff, retry
 from .agents import Agent, AgentOutcome, AgentTask
 from .config import SweConfig
 from .grading import (
+    EvalArtifacts,
     EvalResult,
     InstanceMetadata,
     evaluability_check,
+    grade,
     resolve_image,
-    run_evaluation,
 )
 from .grading._patch import diff_script
 from .sandbox import (
@@ -139,6 +140,9 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
         group_index: the episode's place in its group (0 to n - 1).
         seed: the sampling seed the agent was given (``sampling_params["seed"]``; each policy
             call adds its turn index), None when the policy sampled unseeded.
+        eval_artifacts: what the grading ran and saw (eval script, whole test output, report),
+            kept only when asked (``keep_eval_artifacts``: they are large) and never written to
+            results files; the SWE-bench harness's files are made from them.
     """
 
     instance_id: str
@@ -162,6 +166,7 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
     group_id: str = ""
     group_index: int = 0
     seed: int | None = None
+    eval_artifacts: EvalArtifacts | None = None
 
     @property
     def group(self) -> str:
@@ -358,6 +363,7 @@ async def run_episode(
     build_samples: bool = True,
     group_id: str | None = None,
     group_index: int = 0,
+    keep_eval_artifacts: bool = False,
 ) -> EpisodeResult:
     """Run one episode of ``agent`` on instance ``md`` and grade it.
 
@@ -381,6 +387,8 @@ async def run_episode(
         build_samples: False skips the samples (evaluation runs).
         group_id: the episode's group (default: the instance id); see :attr:`EpisodeResult.group_id`.
         group_index: its place in the group.
+        keep_eval_artifacts: keep what the grading ran and saw in
+            :attr:`EpisodeResult.eval_artifacts` (to write the harness's files).
 
     Returns:
         The result; see :class:`EpisodeResult`.
@@ -396,6 +404,7 @@ async def run_episode(
         episode_id=episode_id or f"{md.instance_id}#{uuid.uuid4().hex[:12]}",
         sampling_params=sampling_params,
         group=(group_id or md.instance_id, group_index),
+        keep_eval_artifacts=keep_eval_artifacts,
     )
     started = time.monotonic()
     abort: tuple[AbortReason, str] | None = None
@@ -439,9 +448,12 @@ class _Episode:
         episode_id: str,
         sampling_params: Mapping[str, Any] | None,
         group: tuple[str, int],
+        keep_eval_artifacts: bool = False,
     ) -> None:
         self.md = md
         self.group = group
+        self.keep_eval_artifacts = keep_eval_artifacts
+        self.eval_artifacts: EvalArtifacts | None = None
         self.agent = agent
         self.backend = backend
         self.config = config
@@ -530,11 +542,14 @@ class _Episode:
     async def _grade(self) -> EvalResult:
         """Grade the patch in a fresh sandbox; its infrastructure failures abort the episode."""
         try:
-            return await run_evaluation(
+            graded = await grade(
                 self.backend, self.md, self.patch, timeout_sec=self.config.episode.eval_timeout_sec
             )
         except SandboxError as exc:
             raise EvalInfrastructureError(f"{type(exc).__name__}: {exc}") from exc
+        if self.keep_eval_artifacts:
+            self.eval_artifacts = graded.artifacts
+        return graded.result
 
     def _samples(self) -> list[Sample]:
         outcome, eval_result = self.outcome, self.eval_result
@@ -589,6 +604,7 @@ class _Episode:
             group_id=self.group[0],
             group_index=self.group[1],
             seed=_seed_of(self.sampling_params),
+            eval_artifacts=self.eval_artifacts,
         )
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from .episode import EpisodeResult
+from .grading import HarnessOutputs
 from .trajectory import decode_sample, encode_sample, encode_sample_json
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "decode_result",
     "encode_result",
     "group_advantages",
+    "harness_record",
     "predictions_jsonl",
     "read_results",
     "results_jsonl",
@@ -45,7 +47,8 @@ _frame_decoder = msgspec.msgpack.Decoder(_Frame)
 def encode_result(result: EpisodeResult) -> bytes:
     """One length-prefixed msgpack frame: the result, its samples encoded by ``encode_sample``."""
     frame = _Frame(
-        result=msgspec.structs.replace(result, samples=[]),
+        # The grading's artifacts (whole test logs) go to the harness's files, not here.
+        result=msgspec.structs.replace(result, samples=[], eval_artifacts=None),
         samples=[encode_sample(s) for s in result.samples],
     )
     body = msgspec.msgpack.encode(frame)
@@ -197,6 +200,21 @@ def predictions_jsonl(results: Iterable[EpisodeResult], *, model: str) -> list[b
         + b"\n"
         for r in last.values()
     ]
+
+
+def harness_record(outputs: HarnessOutputs, result: EpisodeResult) -> None:
+    """Write ``result``'s grading into the SWE-bench harness's files (its instance folder).
+
+    Needs the grading's artifacts (``keep_eval_artifacts=True`` on the run) for ``eval.sh``,
+    ``test_output.txt`` and ``report.json``. An episode that never reached grading writes
+    nothing (the run report counts its instance as incomplete); one whose grading failed
+    writes its folder with the error.
+    """
+    patch = result.patch.decode("utf-8", "surrogateescape")
+    if result.eval_result is not None:
+        outputs.record(result.instance_id, patch, result.eval_result, result.eval_artifacts)
+    elif result.abort_reason == "eval_infrastructure":
+        outputs.record(result.instance_id, patch, None, None, note=result.error or "")
 
 
 def group_advantages(results: Iterable[EpisodeResult], *, eps: float = 1e-6) -> dict[str, float]:

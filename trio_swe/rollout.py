@@ -100,6 +100,7 @@ async def open_rollouts(
     sampling_params: Mapping[str, Any] | None = None,
     network: bool = True,
     build_samples: bool = True,
+    keep_eval_artifacts: bool = False,
     episode_id: Callable[[InstanceMetadata], str] | None = None,
     on_start: Callable[[InstanceMetadata], None] | None = None,
 ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
@@ -138,6 +139,8 @@ async def open_rollouts(
             run's seed, from which each episode's own is derived).
         network: whether agent sandboxes get network access.
         build_samples: False skips building samples.
+        keep_eval_artifacts: each result keeps what its grading ran and saw
+            (:attr:`EpisodeResult.eval_artifacts`), e.g. to write the SWE-bench harness's files.
         episode_id: makes each episode's id from its instance (default: a fresh unique id).
         on_start: called as each episode starts (progress displays).
     """
@@ -170,6 +173,7 @@ async def open_rollouts(
                     build_samples=build_samples,
                     group_id=member.group_id,
                     group_index=member.group_index,
+                    keep_eval_artifacts=keep_eval_artifacts,
                 )
             finally:
                 slots.release_on_behalf_of(borrower)
