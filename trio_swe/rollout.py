@@ -19,11 +19,12 @@ from typing import Any, NamedTuple
 
 import trio
 
+from ._boot import boot_limiter
 from ._errors import ConfigError
 from ._groups import open_private_nursery
 from .agents import Agent
 from .config import SweConfig
-from .episode import EpisodeResult, boot_limiter, run_episode
+from .episode import EpisodeResult, run_episode
 from .grading import InstanceMetadata
 from .sandbox import Backend
 

@@ -18,6 +18,7 @@ from ._api import (
     run_evaluation,
 )
 from ._harness import HarnessOutputs
+from ._patch import diff_script
 from ._registry import (
     GradingProtocol,
     available_protocols,
@@ -46,6 +47,7 @@ __all__ = [
     "SweProSpec",
     "available_protocols",
     "check_rows",
+    "diff_script",
     "evaluability_check",
     "expected_commit",
     "get_metadata",
