@@ -20,6 +20,9 @@ import msgspec
 
 from ._engine import _OFFLINE, engine_python
 
+#: Tokens per forward pass of the re-score.
+_CHUNK = 1024
+
 
 class RescoreRequest(msgspec.Struct):
     tokens: list[int]
@@ -59,14 +62,27 @@ def _main() -> None:  # pragma: no cover - runs in the engine's environment
     from transformers import AutoModelForCausalLM
 
     torch.set_grad_enabled(False)
-    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
     model.eval()
     requests = msgspec.msgpack.decode(sys.stdin.buffer.read(), type=list[RescoreRequest])
     answers = []
     for request in requests:
         ids = torch.tensor([request.tokens], dtype=torch.long)
-        logits = model(ids).logits[0, :-1].float() / request.temperature
-        picked = torch.log_softmax(logits, dim=-1).gather(1, ids[0, 1:, None])[:, 0]
+        # In chunks over the KV cache, each chunk's logits reduced to the next tokens' log-probs
+        # at once: a CLI's 18k-token prompt in one pass needs gigabytes of attention scores,
+        # and its whole logits 18k x 152k floats (11 GB).
+        n = ids.shape[1]
+        pieces = []
+        past = None
+        for start in range(0, n, _CHUNK):
+            out = model(ids[:, start : start + _CHUNK], past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0].float()
+            targets = ids[0, start + 1 : start + _CHUNK + 1]
+            logits = logits[: len(targets)] / request.temperature
+            pieces.append(torch.log_softmax(logits, dim=-1).gather(1, targets[:, None])[:, 0])
+            del out, logits
+        picked = torch.cat(pieces)
         values = torch.cat([torch.tensor([float("nan")]), picked]).to(torch.float32)
         answers.append(values.numpy().tobytes())
     sys.stdout.buffer.write(msgspec.msgpack.encode(answers))
