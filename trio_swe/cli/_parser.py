@@ -76,7 +76,39 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("instances", help="JSONL file, one dataset row per line")
+    run.add_argument(
+        "instances",
+        help="the dataset: a JSONL file (one row per line), a JSON list, a Parquet file, or a "
+        "folder saved by Hugging Face datasets (save_to_disk) or of <split>-*.parquet files",
+    )
+    run.add_argument(
+        "--split", default=None, help="the split of a dataset folder that has several (e.g. test)"
+    )
+    run.add_argument(
+        "--instance-ids",
+        default=None,
+        metavar="IDS",
+        help="only these instances: a comma-separated list, or a file of ids (one per line)",
+    )
+    run.add_argument(
+        "--filter",
+        default=None,
+        metavar="REGEX",
+        help="only the instances whose id matches REGEX (re.search, e.g. '^django__')",
+    )
+    run.add_argument(
+        "--shuffle",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="shuffle the rows with this seed (before --slice: a reproducible sample)",
+    )
+    run.add_argument(
+        "--slice",
+        default=None,
+        metavar="A:B",
+        help="rows A to B of the selection, as Python slices them (0:100, :50, -10:)",
+    )
     run.add_argument(
         "--backend",
         default=None,
@@ -295,6 +327,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         default=None,
-        help="jsonl, predictions: write the export here (default: standard output)",
+        help="jsonl, predictions: write the export here, as Parquet if it ends in .parquet "
+        "(needs pyarrow: trio-swe[parquet]) (default: standard output)",
     )
     return parser

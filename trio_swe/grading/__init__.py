@@ -22,6 +22,7 @@ from ._harness import (
     harness_outputs,
     tests_status_report,
 )
+from ._metadata import instance_id_of
 from ._patch import patch_bytes
 from ._registry import (
     GradingProtocol,
@@ -211,6 +212,7 @@ __all__ = [
     "expected_commit",
     "get_metadata",
     "harness_outputs",
+    "instance_id_of",
     "local_backend_shims",
     "local_checkouts",
     "register_protocol",
