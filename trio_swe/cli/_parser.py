@@ -202,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-network", action="store_true", help="agent sandboxes get no network")
     run.add_argument("--no-progress", action="store_true", help="no live display")
     run.add_argument(
+        "--progress-every",
+        type=_number(float, 0, "a number of seconds >= 0"),
+        default=30.0,
+        metavar="SEC",
+        help="without a live display (output not a terminal, or --no-progress): print the "
+        "run's figures on one line every SEC seconds, 0 for never (default: 30)",
+    )
+    run.add_argument(
         "--harness-dir",
         default=None,
         help="also write SWE-bench's harness outputs here (predictions.jsonl, report, logs)",
@@ -289,6 +297,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default=None, help="also write the results here")
     demo.add_argument("--keep", action="store_true", help="keep the demo repositories")
     demo.add_argument("--no-progress", action="store_true", help="no live display")
+    demo.add_argument(
+        "--progress-every",
+        type=_number(float, 0, "a number of seconds >= 0"),
+        default=30.0,
+        metavar="SEC",
+        help="without a live display: the figures on one line every SEC seconds (default: 30)",
+    )
     demo.add_argument(
         "--tokenizer",
         default=None,

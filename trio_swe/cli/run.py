@@ -257,6 +257,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
                     writer=writer,
                     network=not args.no_network,
                     show_progress=not args.no_progress,
+                    every=args.progress_every,
                 )
         finally:
             await aclose_quietly([agent], timeout_sec=10.0)
