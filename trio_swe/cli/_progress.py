@@ -42,6 +42,7 @@ async def run_with_progress(
     every: float = 30.0,
     on_result: Callable[[EpisodeResult], None] | None = None,
     pool: Any = None,
+    keep_eval_artifacts: bool = False,
 ) -> list[EpisodeResult]:
     """Run ``mds`` with a live display: here (``agent`` on ``backend``), or on a Ray ``pool``.
 
@@ -83,6 +84,7 @@ async def run_with_progress(
             concurrency=concurrency,
             network=network,
             on_start=stats.on_start,
+            keep_eval_artifacts=keep_eval_artifacts,
         )
 
     async def plain_lines() -> None:
