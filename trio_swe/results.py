@@ -5,7 +5,8 @@
 at most the frame it was writing; reopening the file drops that cut frame and resumes.
 :func:`read_results` is the public reader: it returns every intact frame. ``trio-swe run``
 writes these files; ``trio-swe results`` reads them and exports them as JSON Lines
-(:func:`results_jsonl`) or as SWE-bench's ``predictions.jsonl`` (:func:`predictions_jsonl`).
+(:func:`results_jsonl`) or as SWE-bench's ``predictions.jsonl`` (:func:`predictions_jsonl`),
+and either as Parquet (:func:`write_parquet`).
 :func:`group_advantages` computes GRPO's group-normalised advantages from the results alone.
 """
 
@@ -14,10 +15,12 @@ from __future__ import annotations
 import math
 import os
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import msgspec
 
+from ._errors import ConfigError
 from .episode import EpisodeResult
 from .grading import HarnessOutputs
 from .trajectory import decode_sample, encode_sample, encode_sample_json
@@ -31,6 +34,7 @@ __all__ = [
     "predictions_jsonl",
     "read_results",
     "results_jsonl",
+    "write_parquet",
 ]
 
 _FRAME_HEADER = struct.Struct(">I")
@@ -246,3 +250,33 @@ def _enc_hook(obj: object) -> object:
     if isinstance(obj, bytes):
         return obj.decode("utf-8", errors="replace")
     raise NotImplementedError(type(obj))
+
+
+def write_parquet(path: str | os.PathLike[str], docs: Sequence[Mapping[str, Any]]) -> None:
+    """Write ``docs`` (e.g. :func:`results_jsonl`'s lines, decoded) as one Parquet table.
+
+    Columns are inferred from the documents (nested objects become struct columns); an empty
+    object is written as null, since Parquet has no struct without fields.
+
+    Raises:
+        ConfigError: pyarrow is not installed (``pip install 'trio-swe[parquet]'``), or the
+            documents do not make one table (a field whose type differs between rows).
+    """
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("Parquet exports need pyarrow: pip install 'trio-swe[parquet]'") from None
+    try:
+        table = pa.Table.from_pylist([_no_empty_objects(d) for d in docs])
+    except pa.ArrowException as exc:
+        raise ConfigError(f"these rows do not make one Parquet table: {exc}") from None
+    pq.write_table(table, os.fspath(path))
+
+
+def _no_empty_objects(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _no_empty_objects(v) for k, v in value.items()} or None
+    if isinstance(value, list):
+        return [_no_empty_objects(v) for v in value]
+    return value

@@ -76,7 +76,39 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("instances", help="JSONL file, one dataset row per line")
+    run.add_argument(
+        "instances",
+        help="the dataset: a JSONL file (one row per line), a JSON list, a Parquet file, or a "
+        "folder saved by Hugging Face datasets (save_to_disk) or of <split>-*.parquet files",
+    )
+    run.add_argument(
+        "--split", default=None, help="the split of a dataset folder that has several (e.g. test)"
+    )
+    run.add_argument(
+        "--instance-ids",
+        default=None,
+        metavar="IDS",
+        help="only these instances: a comma-separated list, or a file of ids (one per line)",
+    )
+    run.add_argument(
+        "--filter",
+        default=None,
+        metavar="REGEX",
+        help="only the instances whose id matches REGEX (re.search, e.g. '^django__')",
+    )
+    run.add_argument(
+        "--shuffle",
+        type=int,
+        default=None,
+        metavar="SEED",
+        help="shuffle the rows with this seed (before --slice: a reproducible sample)",
+    )
+    run.add_argument(
+        "--slice",
+        default=None,
+        metavar="A:B",
+        help="rows A to B of the selection, as Python slices them (0:100, :50, -10:)",
+    )
     run.add_argument(
         "--backend",
         default=None,
@@ -171,6 +203,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-network", action="store_true", help="agent sandboxes get no network")
     run.add_argument("--no-progress", action="store_true", help="no live display")
     run.add_argument(
+        "--progress-every",
+        type=_number(float, 0, "a number of seconds >= 0"),
+        default=30.0,
+        metavar="SEC",
+        help="without a live display (output not a terminal, or --no-progress): print the "
+        "run's figures on one line every SEC seconds, 0 for never (default: 30)",
+    )
+    run.add_argument(
         "--harness-dir",
         default=None,
         help="also write SWE-bench's harness outputs here (predictions.jsonl, report, logs)",
@@ -259,6 +299,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--keep", action="store_true", help="keep the demo repositories")
     demo.add_argument("--no-progress", action="store_true", help="no live display")
     demo.add_argument(
+        "--progress-every",
+        type=_number(float, 0, "a number of seconds >= 0"),
+        default=30.0,
+        metavar="SEC",
+        help="without a live display: the figures on one line every SEC seconds (default: 30)",
+    )
+    demo.add_argument(
         "--tokenizer",
         default=None,
         metavar="PATH",
@@ -305,7 +352,8 @@ def build_parser() -> argparse.ArgumentParser:
         "-o",
         "--output",
         default=None,
-        help="jsonl, predictions: write the export here (default: standard output)",
+        help="jsonl, predictions: write the export here, as Parquet if it ends in .parquet "
+        "(needs pyarrow: trio-swe[parquet]) (default: standard output)",
     )
     return parser
 

@@ -107,6 +107,7 @@ async def run_on_ray(
             writer=writer,
             network=not args.no_network,
             show_progress=not args.no_progress,
+            every=args.progress_every,
             pool=pool,
         )
         stats = pool.statistics()

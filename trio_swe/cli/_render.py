@@ -9,12 +9,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..episode import EpisodeResult, PhaseTimings
-from ..grading import InstanceMetadata
+from ..episode import EpisodeResult
 
 __all__ = [
     "SUMMARY_ROWS",
-    "Tally",
     "abort_table",
     "aggregate_table",
     "print_summary",
@@ -23,48 +21,6 @@ __all__ = [
 
 #: Per-episode rows shown in the summary; larger runs get the aggregate table only.
 SUMMARY_ROWS = 40
-
-
-class Tally:
-    """Counts for the live display and the summary."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.running = 0
-        self.done = 0
-        self.aborted = 0
-        self.rewards: list[float] = []
-        self.timings: list[PhaseTimings] = []
-        self.statuses: collections.Counter[str] = collections.Counter()
-
-    def started(self, md: InstanceMetadata) -> None:
-        self.running += 1
-
-    def finished(self, result: EpisodeResult) -> None:
-        self.running -= 1
-        self.done += 1
-        self.statuses[result.status] += 1
-        self.timings.append(result.timings)
-        if result.status == "aborted":
-            self.aborted += 1
-        else:
-            self.rewards.append(result.reward)
-
-    def mean_phase(self, name: str) -> float:
-        if not self.timings:
-            return 0.0
-        return sum(float(getattr(t, name)) for t in self.timings) / len(self.timings)
-
-    def line(self) -> str:
-        reward = sum(self.rewards) / len(self.rewards) if self.rewards else 0.0
-        phases = " ".join(
-            f"{p} {self.mean_phase(p):.1f}s" for p in ("boot", "setup", "agent", "eval", "total")
-        )
-        return (
-            f"running {self.running}  done {self.done}/{self.total}  aborted {self.aborted}  "
-            f"resolved {sum(1 for r in self.rewards if r > 0)}  mean reward {reward:.2f}  "
-            f"| mean {phases}"
-        )
 
 
 def aggregate_table(results: Sequence[EpisodeResult]) -> Table:

@@ -247,6 +247,7 @@ async def _run_demo(
                 writer=writer,
                 network=False,
                 show_progress=not args.no_progress,
+                every=args.progress_every,
             )
     finally:
         if writer is not None:

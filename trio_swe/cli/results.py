@@ -6,10 +6,11 @@ import argparse
 import sys
 from pathlib import Path
 
+import msgspec
 from rich.console import Console
 
 from .._errors import ConfigError
-from ..results import predictions_jsonl, read_results, results_jsonl
+from ..results import predictions_jsonl, read_results, results_jsonl, write_parquet
 from ._render import print_summary
 
 __all__ = ["cmd_results"]
@@ -63,9 +64,13 @@ def cmd_results(args: argparse.Namespace, console: Console) -> int:
         sys.stdout.buffer.write(data)
         sys.stdout.buffer.flush()
     else:
+        parquet = args.output.endswith(".parquet")
         try:
-            Path(args.output).write_bytes(data)
+            if parquet:  # the same rows, as one table
+                write_parquet(args.output, [msgspec.json.decode(line) for line in lines])
+            else:
+                Path(args.output).write_bytes(data)
         except OSError as exc:
             raise ConfigError(f"-o {args.output!r}: {exc.strerror or exc}") from None
-        console.print(f"wrote {len(lines)} lines to {args.output}")
+        console.print(f"wrote {len(lines)} {'rows' if parquet else 'lines'} to {args.output}")
     return 0

@@ -13,7 +13,6 @@ import collections
 import functools
 import os
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -21,9 +20,9 @@ from rich.markup import escape
 
 from .._close import aclose_quietly
 from .._errors import BackendUnavailableError, ConfigError, MetadataError
-from .._json import loads
 from ..agents import check_agent, create_agent
 from ..config import SweConfig, replace_option
+from ..datasets import Row, Selection, parse_slice, read_instance_ids, read_rows, select_rows
 from ..episode import EpisodeResult
 from ..grading import (
     HarnessOutputs,
@@ -43,27 +42,32 @@ from ._render import print_summary
 __all__ = ["cmd_run", "config_from_args", "exit_code", "local_options"]
 
 
-def _read_rows(path: Path) -> list[tuple[int, dict[str, Any]]]:
-    """Every row of a JSONL file (line number, object); a typed, one-line error otherwise."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            lines = list(f)
-    except FileNotFoundError:
-        raise ConfigError(f"instances file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"instances file {str(path)!r} cannot be read: {exc}") from None
-    rows = []
-    for lineno, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = loads(line)
-        except ValueError as exc:
-            raise ConfigError(f"{path}:{lineno}: not JSON: {exc}") from None
-        if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{lineno}: a row must be a JSON object")
-        rows.append((lineno, row))
-    return rows
+def dataset_rows(args: argparse.Namespace) -> list[Row]:
+    """The rows ``run`` was asked for: read (``--split``), then selected (``--instance-ids``,
+    ``--filter``, ``--shuffle``, ``--slice``).
+
+    Raises:
+        ConfigError: the dataset is empty, or the selection leaves nothing.
+    """
+    rows = read_rows(args.instances, split=args.split)
+    if not rows:
+        raise ConfigError(f"instances file {args.instances!r} has no rows")
+    start, stop = parse_slice(args.slice) if args.slice else (None, None)
+    selection = Selection(
+        instance_ids=read_instance_ids(args.instance_ids) if args.instance_ids else (),
+        pattern=args.filter,
+        shuffle_seed=args.shuffle,
+        start=start,
+        stop=stop,
+    )
+    if selection == Selection():
+        return rows
+    chosen = select_rows(rows, selection)
+    if not chosen:
+        raise ConfigError(
+            f"the selection leaves none of the {len(rows)} rows of {args.instances!r}"
+        )
+    return chosen
 
 
 #: ``trio-swe run``'s flags that set an option: flag -> (argparse dest, option paths).
@@ -176,9 +180,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
     config = config_from_args(args)
     check_run_flags(args, config)
     protocol = config.train_protocol
-    rows = _read_rows(Path(args.instances))  # before the results file is touched
-    if not rows:
-        raise ConfigError(f"instances file {args.instances!r} has no rows")
+    rows = dataset_rows(args)  # before the results file is touched
     # Resume: instances already finished (not aborted) are skipped, as many times as they
     # finished (a dataset may repeat an instance for several samples). So are those the
     # protocol found it can never grade (``unevaluable``) and still cannot.
@@ -189,12 +191,12 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
     mds: list[InstanceMetadata] = []
     unreadable = 0
     never: collections.Counter[str] = collections.Counter()
-    for lineno, row in rows:
+    for row in rows:
         try:
-            md = get_metadata(row, protocol)
+            md = get_metadata(row.data, protocol)
         except MetadataError as exc:
             unreadable += 1
-            console.print(f"[yellow]skipping line {lineno}: {exc}")
+            console.print(f"[yellow]skipping {row.where}: {escape(str(exc))}")
             continue
         if finished[md.instance_id] > 0:
             finished[md.instance_id] -= 1
@@ -213,7 +215,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
     for reason, n in sorted(never.items()):
         console.print(f"[yellow]{n} row(s) cannot be graded ({reason}): not run again")
     # Before anything boots: can this install grade these rows (e.g. the swebench version)?
-    config.check_rows([row for _, row in rows])
+    config.check_rows([row.data for row in rows])
     check_docker_images(mds, config)
     if args.limit is not None:
         mds = mds[: args.limit]
@@ -255,6 +257,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
                     writer=writer,
                     network=not args.no_network,
                     show_progress=not args.no_progress,
+                    every=args.progress_every,
                     # The harness's files are written from each result as it arrives.
                     on_result=functools.partial(harness_record, outputs) if outputs else None,
                     keep_eval_artifacts=outputs is not None,

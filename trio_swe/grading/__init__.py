@@ -18,6 +18,7 @@ from ._api import (
     run_evaluation,
 )
 from ._harness import HarnessOutputs
+from ._metadata import instance_id_of
 from ._patch import diff_script
 from ._registry import (
     GradingProtocol,
@@ -52,6 +53,7 @@ __all__ = [
     "expected_commit",
     "get_metadata",
     "grade",
+    "instance_id_of",
     "local_backend_shims",
     "local_checkouts",
     "register_protocol",
