@@ -177,7 +177,7 @@ async def test_trio_swe_run_on_ray_then_resume(ray_cluster: Any, tmp_path: Path)
         assert all(r.reward == demo.expected_rewards[r.instance_id] for r in results)
         again = await trio.run_process(argv, env=env, capture_stdout=True, capture_stderr=True)
         assert again.returncode == 0, again.stderr.decode()
-        assert "0 episodes to run (4 already finished" in again.stdout.decode()
+        assert "nothing to run: 4 episode(s) already finished" in again.stdout.decode()
 
 
 async def test_e2b_backend_on_the_workers_against_the_local_envd_server(

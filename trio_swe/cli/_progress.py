@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console, Group
@@ -15,7 +15,7 @@ from ..config import SweConfig
 from ..episode import EpisodeResult
 from ..grading import InstanceMetadata
 from ..results import ResultsWriter
-from ..rollout import run_rollouts
+from ..rollout import GroupMember, run_rollouts
 from ..sandbox import Backend
 from ._render import Tally
 
@@ -24,7 +24,7 @@ __all__ = ["run_with_progress"]
 
 async def run_with_progress(
     console: Console,
-    mds: list[InstanceMetadata],
+    mds: Sequence[InstanceMetadata | GroupMember],
     agent: Agent | None,
     *,
     backend: Backend | None,

@@ -20,7 +20,15 @@ import functools
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
@@ -39,6 +47,7 @@ from ..config import SweConfig
 from ..episode import EpisodeResult
 from ..grading import InstanceMetadata
 from ..results import decode_result
+from ..rollout import GroupMember, open_rollouts_on
 from ._bridge import ActorHandle, ObjectRef, cancel_and_wait, wait_ref
 from ._leases import LimiterStatistics
 from ._limiter import open_limiter
@@ -449,6 +458,7 @@ class WorkerPool:
         network: bool,
         build_samples: bool,
         on_late: Callable[[bytes], None] | None = None,
+        group: tuple[str, int] | None = None,
     ) -> tuple[bytes, EpisodeResult] | None:
         """Run one episode on some worker, again elsewhere if that worker dies.
 
@@ -466,6 +476,8 @@ class WorkerPool:
                 sampling_params=params,
                 network=network,
                 build_samples=build_samples,
+                group_id=group[0] if group is not None else None,
+                group_index=group[1] if group is not None else 0,
             )
             try:
                 ref: ObjectRef = worker.handle.run.remote(encode_job(job))
@@ -524,8 +536,10 @@ class WorkerPool:
 
     def rollouts(
         self,
-        instances: Iterable[InstanceMetadata],
+        instances: Iterable[InstanceMetadata | GroupMember],
         *,
+        n_per_instance: int = 1,
+        done: Collection[tuple[str, int]] = (),
         sampling_params: Mapping[str, Any] | None = None,
         network: bool = True,
         build_samples: bool = True,
@@ -533,9 +547,11 @@ class WorkerPool:
         on_start: Callable[[InstanceMetadata], None] | None = None,
         on_frame: Callable[[bytes, EpisodeResult], None] | None = None,
     ) -> _Rollouts:
-        """Run one episode per instance across the workers; stream the results as they finish.
+        """Run ``n_per_instance`` episodes per instance across the workers; stream the results
+        as they finish.
 
-        Same shape as :func:`trio_swe.run_rollouts`: an async context manager whose value is an
+        The rollout loop is :func:`trio_swe.rollout.open_rollouts_on`'s (groups, seeds and
+        resume as :func:`trio_swe.run_rollouts`): an async context manager whose value is an
         async iterator of results; leaving the block early (or cancelling it) cancels the
         episodes still running and waits until their sandboxes are killed. Instances are pulled
         lazily, when a worker has a free slot.
@@ -548,68 +564,22 @@ class WorkerPool:
             self,
             instances,
             dict(
+                n_per_instance=n_per_instance,
+                done=done,
                 sampling_params=sampling_params,
-                network=network,
-                build_samples=build_samples,
+                episode_id=episode_id,
+                on_start=on_start,
             ),
-            episode_id,
-            on_start,
-            on_frame,
+            dict(network=network, build_samples=build_samples, on_frame=on_frame),
         )
 
     @asynccontextmanager
     async def _rollouts_trio(
-        self,
-        instances: Iterable[InstanceMetadata],
-        options: dict[str, Any],
-        episode_id: Callable[[InstanceMetadata], str] | None,
-        on_start: Callable[[InstanceMetadata], None] | None,
-        on_frame: Callable[[bytes, EpisodeResult], None] | None,
+        self, loop: dict[str, Any], runner: dict[str, Any]
     ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
         await self._start_trio()
-        batch = uuid.uuid4().hex
-        send, receive = trio.open_memory_channel[EpisodeResult](math.inf)
-
-        def late(frame: bytes) -> None:
-            if on_frame is not None:
-                on_frame(frame, decode_result(frame))
-
-        async def one(
-            md: InstanceMetadata, worker: _Worker, out: trio.MemorySendChannel[EpisodeResult]
-        ) -> None:
-            async with out:
-                got = await self._run_job(
-                    md,
-                    batch=batch,
-                    worker=worker,
-                    episode_id=episode_id(md) if episode_id is not None else None,
-                    on_late=late,
-                    **options,
-                )
-                if got is not None:
-                    frame, result = got
-                    if on_frame is not None:
-                        on_frame(frame, result)
-                    await out.send(result)
-
-        async def drive(nursery: trio.Nursery) -> None:
-            async with send:
-                for md in instances:
-                    worker = await self._acquire()
-                    if on_start is not None:
-                        on_start(md)
-                    nursery.start_soon(one, md, worker, send.clone())
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drive, nursery)
-                async with receive:
-                    yield receive
-                nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+        async with open_rollouts_on(_PoolEpisodes(self, **runner), **loop) as results:
+            yield results
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -676,13 +646,11 @@ class _Rollouts:
     def __init__(
         self,
         pool: WorkerPool,
-        instances: Iterable[InstanceMetadata],
-        options: dict[str, Any],
-        episode_id: Callable[[InstanceMetadata], str] | None,
-        on_start: Callable[[InstanceMetadata], None] | None,
-        on_frame: Callable[[bytes, EpisodeResult], None] | None,
+        instances: Iterable[InstanceMetadata | GroupMember],
+        loop: dict[str, Any],
+        runner: dict[str, Any],
     ) -> None:
-        self._args = (instances, options, episode_id, on_start, on_frame)
+        self._args = ({"instances": instances, **loop}, runner)
         self._pool = pool
         self._trio_cm: Any = None
         self._task: asyncio.Task[None] | None = None
@@ -731,3 +699,56 @@ class _Rollouts:
                 return
             assert result is not None
             yield result
+
+
+class _PoolEpisodes:
+    """The pool as an :class:`~trio_swe.rollout.EpisodeRunner`: a slot is the least loaded
+    worker; an episode runs there (again elsewhere if that worker dies), its frame handed to
+    ``on_frame`` before its result, a frame that finished while being cancelled too."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        *,
+        network: bool,
+        build_samples: bool,
+        on_frame: Callable[[bytes, EpisodeResult], None] | None,
+    ) -> None:
+        self._pool = pool
+        self._network, self._build_samples = network, build_samples
+        self._on_frame = on_frame
+        self._batch = uuid.uuid4().hex
+
+    async def acquire(self) -> object:
+        return await self._pool._acquire()
+
+    def _late(self, frame: bytes) -> None:
+        if self._on_frame is not None:
+            self._on_frame(frame, decode_result(frame))
+
+    async def run(
+        self,
+        slot: object,
+        member: GroupMember,
+        *,
+        episode_id: str | None,
+        sampling_params: Mapping[str, Any] | None,
+    ) -> EpisodeResult | None:
+        assert isinstance(slot, _Worker)
+        got = await self._pool._run_job(
+            member.md,
+            batch=self._batch,
+            worker=slot,
+            episode_id=episode_id,
+            sampling_params=sampling_params,
+            network=self._network,
+            build_samples=self._build_samples,
+            on_late=self._late,
+            group=(member.group_id, member.group_index),
+        )
+        if got is None:
+            return None
+        frame, result = got
+        if self._on_frame is not None:
+            self._on_frame(frame, result)
+        return result
