@@ -76,6 +76,11 @@ RUN_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--agent-budget": ("agent_budget", ("episode.agent_time_budget_sec",)),
     "--eval-timeout": ("eval_timeout", ("episode.eval_timeout_sec",)),
     "--max-context-tokens": ("max_context_tokens", ("episode.max_context_tokens",)),
+    "--policy-api": ("policy_api", ("policy.api",)),
+    "--temperature": ("temperature", ("policy.temperature",)),
+    "--top-p": ("top_p", ("policy.top_p",)),
+    "--max-new-tokens": ("max_new_tokens", ("policy.max_new_tokens",)),
+    "--seed": ("seed", ("policy.seed",)),
 }
 
 
