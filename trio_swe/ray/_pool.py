@@ -8,21 +8,17 @@ leases back at once, a surviving worker kills the dead one's provider sandboxes 
 owner metadata), and a replacement worker is started. Leaving a rollout early or cancelling
 the driver cancels the episodes on their workers and waits until their sandboxes are killed.
 
-Everything here is trio; from asyncio the same objects work (``async with pool``,
-``async with pool.rollouts(...)``, ``await pool.run_episode(...)``): they detect the running
-library and go through :mod:`trio_swe.aio`.
+Everything here is trio. From asyncio, :class:`~._asyncio.AsyncioWorkerPool` is the same pool
+through :mod:`trio_swe.aio`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import math
 import uuid
 from collections.abc import (
     AsyncIterator,
-    Awaitable,
     Callable,
     Collection,
     Iterable,
@@ -34,14 +30,12 @@ from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import msgspec
 import ray
-import sniffio
 import trio
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
 )
 
-from .. import aio
 from .._errors import ConfigError, TrioSweError
 from ..config import SweConfig
 from ..episode import EpisodeResult
@@ -110,17 +104,10 @@ class WorkerView(NamedTuple):
     running: int
 
 
-def _in_asyncio() -> bool:
-    try:
-        return sniffio.current_async_library() == "asyncio"
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-
-
 class WorkerPool:
     """Rollout workers as Ray actors, each hosting one long-lived trio run.
 
-    Example (trio or asyncio alike)::
+    Example (trio; from asyncio, :class:`~._asyncio.AsyncioWorkerPool`)::
 
         async with WorkerPool(concurrency=16, config=config) as pool:
             async with pool.rollouts(mds) as results:
@@ -227,25 +214,16 @@ class WorkerPool:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def start(self) -> None:
-        """Start the workers (and the limiter) and wait until every one is ready."""
-        if _in_asyncio():
-            return await aio.run(self._start_trio)
-        await self._start_trio()
-
     async def aclose(self) -> None:
         """Stop the workers this pool started (a shared pool's workers stay up: :meth:`shutdown`)."""
-        if _in_asyncio():
-            return await aio.run(self._aclose_trio, self._name is None)
         await self._aclose_trio(self._name is None)
 
     async def shutdown(self) -> None:
         """Stop every worker of the pool, shared or not."""
-        if _in_asyncio():
-            return await aio.run(self._aclose_trio, True)
         await self._aclose_trio(True)
 
-    async def _start_trio(self) -> None:
+    async def start(self) -> None:
+        """Start the workers (and the limiter) and wait until every one is ready."""
         if self._started:
             return
         if not ray.is_initialized():
@@ -515,26 +493,22 @@ class WorkerPool:
         build_samples: bool = True,
     ) -> EpisodeResult:
         """One episode on the least loaded worker (again elsewhere if that worker dies)."""
-        fn = functools.partial(
-            self._run_one,
+        await self.start()
+        out = await self._run_job(
             md,
+            batch=uuid.uuid4().hex,
+            worker=None,
             episode_id=episode_id,
             sampling_params=sampling_params,
             network=network,
             build_samples=build_samples,
         )
-        if _in_asyncio():
-            return await aio.run(fn)
-        return await fn()
-
-    async def _run_one(self, md: InstanceMetadata, **kwargs: Any) -> EpisodeResult:
-        await self._start_trio()
-        out = await self._run_job(md, batch=uuid.uuid4().hex, worker=None, **kwargs)
         if out is None:
             raise WorkerPoolError(f"the episode of {md.instance_id} was cancelled on its worker")
         return out[1]
 
-    def rollouts(
+    @asynccontextmanager
+    async def rollouts(
         self,
         instances: Iterable[InstanceMetadata | GroupMember],
         *,
@@ -546,7 +520,7 @@ class WorkerPool:
         episode_id: Callable[[InstanceMetadata], str] | None = None,
         on_start: Callable[[InstanceMetadata], None] | None = None,
         on_frame: Callable[[bytes, EpisodeResult], None] | None = None,
-    ) -> _Rollouts:
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
         """Run ``n_per_instance`` episodes per instance across the workers; stream the results
         as they finish.
 
@@ -560,25 +534,19 @@ class WorkerPool:
         file stores it) before the result is handed out: ``ResultsWriter.write_frame`` appends it
         without encoding it again.
         """
-        return _Rollouts(
-            self,
-            instances,
-            dict(
-                n_per_instance=n_per_instance,
-                done=done,
-                sampling_params=sampling_params,
-                episode_id=episode_id,
-                on_start=on_start,
-            ),
-            dict(network=network, build_samples=build_samples, on_frame=on_frame),
+        await self.start()
+        runner = _PoolEpisodes(
+            self, network=network, build_samples=build_samples, on_frame=on_frame
         )
-
-    @asynccontextmanager
-    async def _rollouts_trio(
-        self, loop: dict[str, Any], runner: dict[str, Any]
-    ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
-        await self._start_trio()
-        async with open_rollouts_on(_PoolEpisodes(self, **runner), **loop) as results:
+        async with open_rollouts_on(
+            runner,
+            instances,
+            n_per_instance=n_per_instance,
+            done=done,
+            sampling_params=sampling_params,
+            episode_id=episode_id,
+            on_start=on_start,
+        ) as results:
             yield results
 
     # -- inspection ---------------------------------------------------------------------------
@@ -601,9 +569,6 @@ class WorkerPool:
 
     async def worker_statistics(self) -> list[WorkerStatistics]:
         """Each live worker's counters (its backend's among them)."""
-        return await self._call_async(self._worker_statistics_trio)
-
-    async def _worker_statistics_trio(self) -> list[WorkerStatistics]:
         out: list[WorkerStatistics] = []
         for w in self._workers:
             if w.state != "live":
@@ -614,9 +579,6 @@ class WorkerPool:
 
     async def limiter_statistics(self) -> LimiterStatistics | None:
         """The limiter's snapshot (None without a limiter)."""
-        return await self._call_async(self._limiter_statistics_trio)
-
-    async def _limiter_statistics_trio(self) -> LimiterStatistics | None:
         if self._limiter is None:
             return None
         raw: bytes = await wait_ref(self._limiter.statistics.remote())
@@ -633,72 +595,6 @@ class WorkerPool:
             reaps=self.reaps,
             reaped=self.reaped,
         )
-
-    async def _call_async(self, fn: Callable[[], Awaitable[T]]) -> T:
-        if _in_asyncio():
-            return await aio.run(fn)
-        return await fn()
-
-
-class _Rollouts:
-    """``pool.rollouts(...)``: an async context manager in trio and in asyncio alike."""
-
-    def __init__(
-        self,
-        pool: WorkerPool,
-        instances: Iterable[InstanceMetadata | GroupMember],
-        loop: dict[str, Any],
-        runner: dict[str, Any],
-    ) -> None:
-        self._args = ({"instances": instances, **loop}, runner)
-        self._pool = pool
-        self._trio_cm: Any = None
-        self._task: asyncio.Task[None] | None = None
-        self._stream: Any = None
-
-    async def __aenter__(self) -> AsyncIterator[EpisodeResult]:
-        if not _in_asyncio():
-            self._trio_cm = self._pool._rollouts_trio(*self._args)
-            return await self._trio_cm.__aenter__()  # type: ignore[no-any-return]
-        self._stream = self._asyncio_stream()
-        return self._stream  # type: ignore[no-any-return]
-
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        if self._trio_cm is not None:
-            return await self._trio_cm.__aexit__(*exc)  # type: ignore[no-any-return]
-        if self._stream is not None:
-            await self._stream.aclose()
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        return None
-
-    async def _asyncio_stream(self) -> AsyncIterator[EpisodeResult]:
-        queue: asyncio.Queue[tuple[bool, EpisodeResult | None]] = asyncio.Queue()
-
-        async def pump() -> None:
-            async with self._pool._rollouts_trio(*self._args) as results:
-                async for result in results:
-                    queue.put_nowait((True, result))  # same thread: trio is asyncio's guest
-            queue.put_nowait((False, None))
-
-        task = self._task = asyncio.ensure_future(aio.run(pump))
-        while True:
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                task.result()
-                return
-            more, result = getter.result()
-            if not more:
-                return
-            assert result is not None
-            yield result
 
 
 class _PoolEpisodes:
