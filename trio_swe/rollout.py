@@ -278,6 +278,8 @@ async def open_rollouts_on(
         member: GroupMember, slot: object, out: trio.MemorySendChannel[EpisodeResult]
     ) -> None:
         async with out:
+            if on_start is not None:
+                on_start(member.md)
             result = await runner.run(
                 slot,
                 member,
@@ -291,8 +293,6 @@ async def open_rollouts_on(
         async with send:
             for member in _members(instances, n_per_instance, done):
                 slot = await runner.acquire()
-                if on_start is not None:
-                    on_start(member.md)
                 nursery.start_soon(one, member, slot, send.clone())
 
     # The nursery is ours: the consumer's own exception comes out as itself, not in a group.
