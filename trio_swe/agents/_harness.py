@@ -182,7 +182,7 @@ class NpmCliAgent(BaseAgent):
 
     async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
         """Install the CLI, then run it on the task within the remaining budget."""
-        deadline = trio.current_time() + task.time_budget_sec
+        deadline = task.deadline()
         await install_npm_cli(
             sandbox,
             self.package,
