@@ -183,3 +183,44 @@ def test_a_seeded_gateway_session_gives_each_request_its_own_seed() -> None:
     assert seeds == [102, 101, 100]
     unseeded = Session("ep2", model_for=model_for)
     assert "seed" not in unseeded.build(unseeded.place(parse_request(body))).sampling_params
+
+
+async def test_trio_swe_run_resumes_a_group_with_its_missing_members(tmp_path: Path) -> None:
+    """``trio-swe run --n-per-instance 4``: a first run limited to 2 episodes, then a rerun
+    that runs the group's other 2 (with their own seeds), as a real process."""
+    import os
+    import sys
+
+    import trio
+
+    from trio_swe.demo import build_demo_set
+
+    demo = build_demo_set(tmp_path / "repos")
+    rows = tmp_path / "rows.jsonl"
+    calc = [row for row in demo.rows if json.dumps(row).find("demo__calc-1") >= 0]
+    rows.write_text(json.dumps(calc[0]) + "\n")
+    out = tmp_path / "results.msgpack"
+    env = {**os.environ, "TMPDIR": str(tmp_path), "COLUMNS": "160"}
+    trio_swe = str(Path(sys.executable).parent / "trio-swe")
+    async with open_scripted_policy_server(demo.scripts) as server:
+        cmd = [
+            trio_swe, "run", str(rows), "--out", str(out), "--no-progress", "--no-network",
+            "--policy-url", server.url, "--concurrency", "2", "--agent-budget", "8",
+            "--eval-timeout", "60", "--n-per-instance", "4",
+        ]  # fmt: skip
+        runs = []
+        for extra in (["--limit", "2"], []):
+            runs.append(
+                await trio.run_process(
+                    cmd + extra, env=env, capture_stdout=True, capture_stderr=True, check=False
+                )
+            )
+            assert runs[-1].returncode == 0, runs[-1].stdout.decode() + runs[-1].stderr.decode()
+    assert "2 episodes to run (2 already finished" in runs[1].stdout.decode()
+    results, _ = read_results(out)
+    assert sorted((r.group_id, r.group_index) for r in results) == [
+        ("demo__calc-1", i) for i in range(4)
+    ]
+    assert {r.seed for r in results} == {episode_seed("demo__calc-1", i) for i in range(4)}
+    assert all(r.status == "completed" for r in results)
+    assert group_advantages(results) == {r.episode_id: 0.0 for r in results}

@@ -30,8 +30,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Coroutine
-from contextlib import AbstractAsyncContextManager
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+)
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import msgspec
@@ -43,7 +50,15 @@ from .rollout import run_rollouts as _run_rollouts
 if TYPE_CHECKING:
     import outcome
 
-__all__ = ["GuestStatistics", "run", "run_episode", "run_rollouts", "shutdown", "statistics"]
+__all__ = [
+    "GuestStatistics",
+    "open_stream",
+    "run",
+    "run_episode",
+    "run_rollouts",
+    "shutdown",
+    "statistics",
+]
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -237,35 +252,8 @@ def _streamed_to_asyncio(
     """``fn`` (an async context manager yielding a stream) as an asyncio async generator."""
 
     @functools.wraps(fn)
-    async def wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[T, None]:
-        queue: asyncio.Queue[tuple[bool, T | None]] = asyncio.Queue()
-
-        async def pump() -> None:
-            async with fn(*args, **kwargs) as results:
-                async for result in results:
-                    queue.put_nowait((True, result))
-            queue.put_nowait((False, None))
-
-        task = asyncio.ensure_future(run(pump))
-        try:
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
-                if not getter.done():
-                    getter.cancel()
-                    task.result()  # the pump failed: raise its error
-                    return
-                more, result = getter.result()
-                if not more:
-                    return
-                yield result  # type: ignore[misc]  # `more` says it is a T
-        finally:
-            if not task.done():
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    pass
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> AsyncGenerator[T, None]:
+        return _pumped(functools.partial(fn, *args, **kwargs))
 
     wrapper.__doc__ = (
         f":func:`trio_swe.{fn.__name__}` as an asyncio async generator of results (same "
@@ -273,6 +261,54 @@ def _streamed_to_asyncio(
         "cancelling the consumer) cancels the episodes still running."
     )
     return wrapper
+
+
+@asynccontextmanager
+async def open_stream(
+    open_trio: Callable[[], AbstractAsyncContextManager[AsyncIterable[T]]],
+) -> AsyncIterator[AsyncIterator[T]]:
+    """A trio stream from asyncio: ``open_trio()`` (an async context manager whose value is an
+    async iterable, e.g. ``functools.partial(pool.rollouts, mds)``) runs in this loop's trio
+    guest; the value here iterates its items, and leaving the block cancels what still runs."""
+    stream = _pumped(open_trio)
+    try:
+        yield stream
+    finally:
+        await stream.aclose()
+
+
+async def _pumped(
+    open_trio: Callable[[], AbstractAsyncContextManager[AsyncIterable[T]]],
+) -> AsyncGenerator[T, None]:
+    """The items of a trio stream, pumped into this asyncio loop as they come."""
+    queue: asyncio.Queue[tuple[bool, T | None]] = asyncio.Queue()
+
+    async def pump() -> None:
+        async with open_trio() as results:
+            async for result in results:
+                queue.put_nowait((True, result))
+        queue.put_nowait((False, None))
+
+    task = asyncio.ensure_future(run(pump))
+    try:
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
+            if not getter.done():
+                getter.cancel()
+                task.result()  # the pump failed: raise its error
+                return
+            more, result = getter.result()
+            if not more:
+                return
+            yield result  # type: ignore[misc]  # `more` says it is a T
+    finally:
+        if not task.done():
+            task.cancel()
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
 
 
 #: :func:`trio_swe.run_episode`, awaited from asyncio (same arguments, same types).

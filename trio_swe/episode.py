@@ -348,6 +348,7 @@ class _Episode:
             time_budget_sec=cfg.episode.agent_time_budget_sec,
             max_context_tokens=cfg.episode.max_context_tokens,
             sampling_params=self.sampling_params,
+            started_at=trio.current_time(),
         )
         outcome: AgentOutcome | None = None
         # The agent keeps its own budget and returns its turns; this scope only catches an

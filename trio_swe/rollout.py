@@ -15,7 +15,7 @@ import hashlib
 import math
 from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import trio
 
@@ -28,18 +28,28 @@ from .episode import EpisodeResult, run_episode
 from .grading import InstanceMetadata
 from .sandbox import Backend
 
-__all__ = ["GroupMember", "episode_seed", "open_rollouts", "plan_groups", "run_rollouts"]
+__all__ = [
+    "EpisodeRunner",
+    "GroupMember",
+    "LocalEpisodes",
+    "episode_seed",
+    "open_rollouts",
+    "open_rollouts_on",
+    "plan_groups",
+    "run_rollouts",
+]
 
 #: Seeds stay below 2**30, so a seed plus a turn index (what agents send) fits in an int32.
 _SEED_BITS = 30
 
 
 class GroupMember(NamedTuple):
-    """One episode to run: the instance, its group and its place in the group."""
+    """One episode to run: the instance, its group, its place and the group's size."""
 
     md: InstanceMetadata
     group_id: str
     group_index: int
+    group_size: int = 1
 
 
 def plan_groups(
@@ -75,14 +85,14 @@ def episode_seed(group_id: str, group_index: int, run_seed: int | None = None) -
 
 
 def _member_params(
-    member: GroupMember, sampling_params: Mapping[str, Any] | None, n_per_instance: int
+    member: GroupMember, sampling_params: Mapping[str, Any] | None
 ) -> Mapping[str, Any] | None:
     """The sampling parameters of one member: its own seed when the run is seeded or grouped.
 
     Ungrouped runs without a seed sample unseeded, as before groups existed.
     """
     run_seed = (sampling_params or {}).get("seed")
-    if run_seed is None and n_per_instance == 1:
+    if run_seed is None and member.group_size == 1:
         return sampling_params
     seed = episode_seed(member.group_id, member.group_index, run_seed)
     return {**(sampling_params or {}), "seed": seed}
@@ -147,45 +157,143 @@ async def open_rollouts(
     """
     if concurrency < 1:
         raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
+    cfg = config if config is not None else SweConfig.from_env()
+    runner = LocalEpisodes(
+        agent,
+        backend=backend,
+        config=cfg,
+        concurrency=concurrency,
+        network=network,
+        build_samples=build_samples,
+        keep_eval_artifacts=keep_eval_artifacts,
+    )
+    async with open_rollouts_on(
+        runner,
+        instances,
+        n_per_instance=n_per_instance,
+        done=done,
+        sampling_params=sampling_params,
+        episode_id=episode_id,
+        on_start=on_start,
+    ) as results:
+        yield results
+
+
+class EpisodeRunner(Protocol):
+    """Where and how :func:`open_rollouts_on` runs one episode: here
+    (:class:`LocalEpisodes`), or on a Ray pool's workers (``WorkerPool``)."""
+
+    async def acquire(self) -> object:
+        """Wait for room for one more episode; the slot :meth:`run` gets (and releases)."""
+        ...
+
+    async def run(
+        self,
+        slot: object,
+        member: GroupMember,
+        *,
+        episode_id: str | None,
+        sampling_params: Mapping[str, Any] | None,
+    ) -> EpisodeResult | None:
+        """Run ``member``'s episode in ``slot``, release the slot; None: cancelled elsewhere
+        (no result to hand out)."""
+        ...
+
+
+class LocalEpisodes:
+    """Episodes in this trio run: :func:`~trio_swe.run_episode`, ``concurrency`` at a time,
+    boots under this run's shared boot limiter."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        *,
+        backend: Backend,
+        config: SweConfig,
+        concurrency: int,
+        network: bool = True,
+        build_samples: bool = True,
+        keep_eval_artifacts: bool = False,
+    ) -> None:
+        self.agent, self.backend, self.config = agent, backend, config
+        self.network, self.build_samples = network, build_samples
+        self.keep_eval_artifacts = keep_eval_artifacts
+        self._slots = trio.CapacityLimiter(concurrency)
+        self._boot = boot_limiter(config)
+
+    async def acquire(self) -> object:
+        borrower = object()  # a group's members are equal: each needs its own token
+        await self._slots.acquire_on_behalf_of(borrower)
+        return borrower
+
+    async def run(
+        self,
+        slot: object,
+        member: GroupMember,
+        *,
+        episode_id: str | None,
+        sampling_params: Mapping[str, Any] | None,
+    ) -> EpisodeResult:
+        try:
+            return await run_episode(
+                member.md,
+                self.agent,
+                backend=self.backend,
+                config=self.config,
+                episode_id=episode_id,
+                sampling_params=sampling_params,
+                limiter=self._boot,
+                network=self.network,
+                build_samples=self.build_samples,
+                group_id=member.group_id,
+                group_index=member.group_index,
+                keep_eval_artifacts=self.keep_eval_artifacts,
+            )
+        finally:
+            self._slots.release_on_behalf_of(slot)
+
+
+@asynccontextmanager
+async def open_rollouts_on(
+    runner: EpisodeRunner,
+    instances: Iterable[InstanceMetadata | GroupMember],
+    *,
+    n_per_instance: int = 1,
+    done: Collection[tuple[str, int]] = (),
+    sampling_params: Mapping[str, Any] | None = None,
+    episode_id: Callable[[InstanceMetadata], str] | None = None,
+    on_start: Callable[[InstanceMetadata], None] | None = None,
+) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
+    """The rollout loop, once for every runner: :func:`open_rollouts` on ``runner``.
+
+    Members are planned lazily (:func:`plan_groups`) and started when ``runner`` has room
+    (``on_start`` as each one is); results stream in the order they finish; leaving the block
+    cancels what still runs.
+    """
     if n_per_instance < 1:
         raise ConfigError(f"n_per_instance must be >= 1, not {n_per_instance}")
-    cfg = config if config is not None else SweConfig.from_env()
-    shared_boot = boot_limiter(cfg)
     send, receive = trio.open_memory_channel[EpisodeResult](math.inf)
-    slots = trio.CapacityLimiter(concurrency)
 
     async def one(
-        member: GroupMember, borrower: object, out: trio.MemorySendChannel[EpisodeResult]
+        member: GroupMember, slot: object, out: trio.MemorySendChannel[EpisodeResult]
     ) -> None:
-        md = member.md
         async with out:
             if on_start is not None:
-                on_start(md)
-            try:
-                result = await run_episode(
-                    md,
-                    agent,
-                    backend=backend,
-                    config=cfg,
-                    episode_id=episode_id(md) if episode_id is not None else None,
-                    sampling_params=_member_params(member, sampling_params, n_per_instance),
-                    limiter=shared_boot,
-                    network=network,
-                    build_samples=build_samples,
-                    group_id=member.group_id,
-                    group_index=member.group_index,
-                    keep_eval_artifacts=keep_eval_artifacts,
-                )
-            finally:
-                slots.release_on_behalf_of(borrower)
-            await out.send(result)
+                on_start(member.md)
+            result = await runner.run(
+                slot,
+                member,
+                episode_id=episode_id(member.md) if episode_id is not None else None,
+                sampling_params=_member_params(member, sampling_params),
+            )
+            if result is not None:
+                await out.send(result)
 
     async def drive(nursery: trio.Nursery) -> None:
         async with send:
             for member in _members(instances, n_per_instance, done):
-                borrower = object()  # a group's members are equal: each needs its own token
-                await slots.acquire_on_behalf_of(borrower)
-                nursery.start_soon(one, member, borrower, send.clone())
+                slot = await runner.acquire()
+                nursery.start_soon(one, member, slot, send.clone())
 
     # The nursery is ours: the consumer's own exception comes out as itself, not in a group.
     async with open_private_nursery("an episode of run_rollouts") as nursery:
@@ -221,7 +329,7 @@ def _group_of(
     group_id = md.instance_id if occurrence == 0 else f"{md.instance_id}~{occurrence}"
     for index in range(n_per_instance):
         if (group_id, index) not in done:
-            yield GroupMember(md, group_id, index)
+            yield GroupMember(md, group_id, index, n_per_instance)
 
 
 #: The same as :func:`open_rollouts` (its first name; trio names resource openers ``open_*``).

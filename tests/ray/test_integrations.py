@@ -41,7 +41,7 @@ async def _serve(demo: DemoSet, port: asyncio.Future[int]) -> None:
 def test_asyncio_driver_streams_results_and_leaving_early_leaves_nothing(
     ray_cluster: object, tmp_path: Path
 ) -> None:
-    from trio_swe.ray import WorkerPool
+    from trio_swe.ray import AsyncioWorkerPool
 
     demo, mds, _ = build_demo(tmp_path)
     picked = [md for md in mds if md.instance_id not in demo.timeouts][:4]
@@ -51,7 +51,7 @@ def test_asyncio_driver_streams_results_and_leaving_early_leaves_nothing(
         server = asyncio.ensure_future(aio.run(_serve, demo, port))
         url = f"http://127.0.0.1:{await port}"
         try:
-            async with WorkerPool(
+            async with AsyncioWorkerPool(
                 resources=[{"node_a": 1}, {"node_b": 1}],
                 concurrency=2,
                 config=demo_config(policy_url=url),
@@ -83,7 +83,7 @@ def test_asyncio_driver_streams_results_and_leaving_early_leaves_nothing(
 def test_slime_generate_dispatches_to_the_shared_pool(
     ray_cluster: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from trio_swe.ray import RayOptions, shared_pool
+    from trio_swe.ray import AsyncioWorkerPool, RayOptions, shared_pool
 
     pool_name = f"pool-{uuid.uuid4().hex[:6]}"
     for var, value in {
@@ -114,7 +114,7 @@ def test_slime_generate_dispatches_to_the_shared_pool(
             out = await asyncio.gather(*(generate(args, sample_of(i), params) for i in ids))
             options = RayOptions.from_env()
             assert options is not None
-            pool = shared_pool(options, demo_config())  # this process's handle, made once
+            pool = AsyncioWorkerPool(shared_pool(options, demo_config()))  # made once
             stats = await pool.worker_statistics()
             limits = await pool.limiter_statistics()
             await pool.shutdown()
@@ -177,7 +177,7 @@ async def test_trio_swe_run_on_ray_then_resume(ray_cluster: Any, tmp_path: Path)
         assert all(r.reward == demo.expected_rewards[r.instance_id] for r in results)
         again = await trio.run_process(argv, env=env, capture_stdout=True, capture_stderr=True)
         assert again.returncode == 0, again.stderr.decode()
-        assert "0 episodes to run (4 already finished" in again.stdout.decode()
+        assert "nothing to run: 4 episode(s) already finished" in again.stdout.decode()
 
 
 async def test_e2b_backend_on_the_workers_against_the_local_envd_server(

@@ -19,6 +19,7 @@ import trio
 
 from trio_swe import EpisodeResult
 from trio_swe.demo import open_scripted_policy_server
+from trio_swe.rollout import episode_seed
 from trio_swe.sandbox.local import LocalBackend
 
 from ..test_episode_support import build_demo, demo_config, processes_mentioning
@@ -134,6 +135,7 @@ async def test_two_nodes_a_killed_worker_then_a_cancelled_driver(
        reward, no sandbox left, the limiter's leases back to zero.
     2. The driver cancelled at a random moment: nothing left, nothing leased.
     3. The same pool (its workers live across batches) runs another batch.
+    4. And a group (issue 23 item 3) with one member already done.
     """
     demo, all_mds, _ = build_demo(tmp_path)
     mds = [md for md in all_mds if md.instance_id not in demo.timeouts]  # no 8 s tail
@@ -158,6 +160,19 @@ async def test_two_nodes_a_killed_worker_then_a_cancelled_driver(
             async with pool.rollouts(mds[:2], network=False) as stream:
                 again = [r async for r in stream]
             assert sorted(r.instance_id for r in again) == sorted(m.instance_id for m in mds[:2])
+
+            # 4. Groups on the pool, through the one rollout loop: members 0 and 2 of a group
+            # of three (1 is done), each with its own seed reaching the policy server.
+            seen = len(server.sampling_params_seen)
+            first = mds[0].instance_id
+            async with pool.rollouts(
+                mds[:1], n_per_instance=3, done={(first, 1)}, network=False
+            ) as stream:
+                grouped = [r async for r in stream]
+            assert sorted((r.group_id, r.group_index) for r in grouped) == [(first, 0), (first, 2)]
+            assert {r.seed for r in grouped} == {episode_seed(first, i) for i in (0, 2)}
+            seeds = [p["seed"] for p in server.sampling_params_seen[seen:]]
+            assert len(seeds) == len(set(seeds)) == sum(r.n_turns for r in grouped)
         assert server.statistics().active == 0
 
 

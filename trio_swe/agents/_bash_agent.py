@@ -284,7 +284,7 @@ class BashAgent(BaseAgent):
         params = {**self.sampling_params, **task.sampling_params}
         cap = task.max_context_tokens
         limit = self._check_prompt_size(task)
-        deadline = trio.current_time() + task.time_budget_sec
+        deadline = task.deadline()
 
         with trio.CancelScope(deadline=deadline) as budget:
             tok = self.tokenizer

@@ -405,7 +405,7 @@ class CliAgent(BaseAgent):
 
     async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
         """Install (cached), configure and run the CLI on the task; the gateway records it."""
-        deadline = trio.current_time() + task.time_budget_sec
+        deadline = task.deadline()
         exe = await ensure_installed(self.name, cache_dir=self.cache_dir)
         seen = await sandbox.exec(f"test -x {shlex.quote(str(exe))}", user=self.user, timeout=30)
         if not seen.ok:

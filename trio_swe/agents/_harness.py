@@ -1,9 +1,10 @@
-"""The harness for CLI coding agents (installed with npm) and the registry of agents.
+"""The harness for CLI coding agents (installed with npm), and the built-in agents' factories.
 
 ``install_npm_cli`` installs a CLI from a package tarball on the host (no registry needed when the
 package has no dependencies); ``run_agent`` runs its start command detached as the unprivileged
-``agent`` user with ``exec_and_wait``, keeping its output. Agents are chosen by name
-(``SWE_AGENT``) from a registry that users extend with :func:`register_agent`.
+``agent`` user with ``exec_and_wait``, keeping its output. The ``bash`` and ``npm-cli`` factories
+are registered here in the agent registry (``_registry.py``: chosen by name, ``SWE_AGENT``;
+users add theirs with :func:`register_agent`).
 """
 
 from __future__ import annotations
@@ -181,7 +182,7 @@ class NpmCliAgent(BaseAgent):
 
     async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
         """Install the CLI, then run it on the task within the remaining budget."""
-        deadline = trio.current_time() + task.time_budget_sec
+        deadline = task.deadline()
         await install_npm_cli(
             sandbox,
             self.package,

@@ -30,7 +30,9 @@ class AgentTask(msgspec.Struct, frozen=True, kw_only=True):
         problem_statement: the issue text (also written to ``problem_statement_path``).
         workdir: the repository inside the sandbox.
         problem_statement_path: where the episode wrote the problem statement.
-        time_budget_sec: wall-clock budget of the whole run.
+        time_budget_sec: wall-clock budget of the whole run (the agent budget's one name).
+        started_at: the trio clock when the episode handed the task over (None: the moment
+            :meth:`deadline` is asked).
         max_context_tokens: cap of prompt + output tokens (``0``: no cap).
         sampling_params: SGLang sampling parameters for policy calls.
         prompt: the instruction a CLI agent is started with.
@@ -45,6 +47,13 @@ class AgentTask(msgspec.Struct, frozen=True, kw_only=True):
     max_context_tokens: int = 0
     sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)
     prompt: str = ""
+    started_at: float | None = None
+
+    def deadline(self) -> float:
+        """The trio clock time the run must end by: the one place the budget becomes a
+        deadline (agents pass it to their cancel scopes)."""
+        start = trio.current_time() if self.started_at is None else self.started_at
+        return start + self.time_budget_sec
 
 
 class AgentOutcome(msgspec.Struct, kw_only=True):

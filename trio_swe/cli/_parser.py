@@ -200,6 +200,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--limit", type=_COUNT, default=None, help="run at most this many episodes (>= 1)"
     )
+    run.add_argument(
+        "--n-per-instance",
+        type=_COUNT,
+        default=1,
+        help="episodes per instance, a GRPO group each, each with its own sandbox and seed "
+        "(default: 1)",
+    )
     run.add_argument("--no-network", action="store_true", help="agent sandboxes get no network")
     run.add_argument("--no-progress", action="store_true", help="no live display")
     run.add_argument(

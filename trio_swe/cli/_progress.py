@@ -8,7 +8,7 @@ figures on one plain line every ``every`` seconds.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import trio
@@ -21,7 +21,7 @@ from ..config import SweConfig
 from ..episode import EpisodeResult
 from ..grading import InstanceMetadata
 from ..results import ResultsWriter
-from ..rollout import run_rollouts
+from ..rollout import GroupMember, run_rollouts
 from ..sandbox import Backend
 from ._live import LiveStats
 
@@ -30,7 +30,7 @@ __all__ = ["run_with_progress"]
 
 async def run_with_progress(
     console: Console,
-    mds: list[InstanceMetadata],
+    mds: Sequence[InstanceMetadata | GroupMember],
     agent: Agent | None,
     *,
     backend: Backend | None,

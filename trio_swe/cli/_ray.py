@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from collections.abc import Sequence
 from functools import partial
 
 import trio
@@ -14,6 +15,7 @@ from ..config import SweConfig
 from ..episode import EpisodeResult
 from ..grading import InstanceMetadata
 from ..results import ResultsWriter
+from ..rollout import GroupMember
 from ._progress import run_with_progress
 from ._render import print_summary
 
@@ -61,7 +63,7 @@ async def run_on_ray(
     args: argparse.Namespace,
     console: Console,
     config: SweConfig,
-    mds: list[InstanceMetadata],
+    mds: Sequence[InstanceMetadata | GroupMember],
     writer: ResultsWriter,
     skipped: int,
     unreadable: int,

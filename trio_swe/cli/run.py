@@ -33,6 +33,7 @@ from ..grading import (
     local_checkouts,
 )
 from ..results import ResultsWriter, harness_record, read_results
+from ..rollout import plan_groups
 from ..sandbox import Backend, open_backend
 from ..sandbox.docker import DockerBackend
 from ._progress import run_with_progress
@@ -181,13 +182,14 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
     check_run_flags(args, config)
     protocol = config.train_protocol
     rows = dataset_rows(args)  # before the results file is touched
-    # Resume: instances already finished (not aborted) are skipped, as many times as they
-    # finished (a dataset may repeat an instance for several samples). So are those the
-    # protocol found it can never grade (``unevaluable``) and still cannot.
+    # Resume: episodes already finished (not aborted) are skipped: each is a member of a group
+    # (the instance's n per instance; a dataset that repeats an instance has a group per
+    # occurrence: rollout.plan_groups). So are the instances the protocol found it can never
+    # grade (``unevaluable``) and still cannot.
     previous, _ = read_results(args.out)
-    finished = collections.Counter(r.instance_id for r in previous if r.status != "aborted")
+    finished = {(r.group, r.group_index) for r in previous if r.status != "aborted"}
     unevaluable = {r.instance_id for r in previous if r.abort_reason == "unevaluable"}
-    skipped = sum(finished.values())
+    skipped = sum(1 for r in previous if r.status != "aborted")
     mds: list[InstanceMetadata] = []
     unreadable = 0
     never: collections.Counter[str] = collections.Counter()
@@ -197,9 +199,6 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
         except MetadataError as exc:
             unreadable += 1
             console.print(f"[yellow]skipping {row.where}: {escape(str(exc))}")
-            continue
-        if finished[md.instance_id] > 0:
-            finished[md.instance_id] -= 1
             continue
         if md.instance_id in unevaluable:
             reason = evaluability_check(md)
@@ -217,9 +216,12 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
     # Before anything boots: can this install grade these rows (e.g. the swebench version)?
     config.check_rows([row.data for row in rows])
     check_docker_images(mds, config)
+    members = list(plan_groups(mds, args.n_per_instance, done=finished))
     if args.limit is not None:
-        mds = mds[: args.limit]
-    if not mds:
+        members = members[: args.limit]
+    mds = list({id(m.md): m.md for m in members}.values())
+    check_docker_images(mds, config)
+    if not members:
         console.print(
             f"nothing to run: {skipped} episode(s) already finished in {args.out}"
             + (f", {sum(never.values())} row(s) that cannot be graded" if never else "")
@@ -227,16 +229,16 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
         return 0
     if args.ray is None:
         console.print(
-            f"{len(mds)} episodes to run ({skipped} already finished in {args.out}, "
+            f"{len(members)} episodes to run ({skipped} already finished in {args.out}, "
             f"{unreadable} unreadable rows), protocol {protocol}, agent {config.agent}, "
             f"concurrency {args.concurrency}, backend {config.backend}"
         )
     with ResultsWriter(args.out) as writer:
-        # An aborted instance that runs again replaces its aborted frames (no duplicates).
-        rerun = {md.instance_id for md in mds}
-        writer.keep_only(lambda r: r.status != "aborted" or r.instance_id not in rerun)
+        # An aborted episode that runs again replaces its aborted frames (no duplicates).
+        rerun = {(m.group_id, m.group_index) for m in members}
+        writer.keep_only(lambda r: r.status != "aborted" or (r.group, r.group_index) not in rerun)
         if args.ray is not None:
-            results = await run_on_ray(args, console, config, mds, writer, skipped, unreadable)
+            results = await run_on_ray(args, console, config, members, writer, skipped, unreadable)
             return exit_code(console, results)
         agent = create_agent(config)
         outputs = (
@@ -249,7 +251,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
                 await check_backend(backend)
                 results = await run_with_progress(
                     console,
-                    mds,
+                    members,
                     agent,
                     backend=backend,
                     config=config,

@@ -34,6 +34,7 @@ import msgspec
 import trio
 
 from .._errors import ConfigError, InvalidArgumentError, TokenLimitError
+from .._groups import open_private_nursery
 from .._lru import Lru
 from ..models import ChatModel
 from ..policy import Policy, PolicyError, PolicyOutput
@@ -849,7 +850,9 @@ async def open_gateway(
             sock.listen(256)
             listeners.append(trio.SocketListener(sock))
             gateway.unix_socket = path
-        async with trio.open_nursery() as nursery:
+        # Our nursery: the caller's own error comes out as itself (the server's next to it as
+        # a note), not in a group.
+        async with open_private_nursery("the gateway's server") as nursery:
             await nursery.start(_serve, gateway, config, listeners)
             try:
                 yield gateway
@@ -857,10 +860,6 @@ async def open_gateway(
                 for handle in list(gateway._sessions.values()):
                     handle.finish()
                 nursery.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        if len(group.exceptions) == 1:
-            raise group.exceptions[0] from None
-        raise
     finally:
         with trio.CancelScope(shield=True):
             for listener in listeners:

@@ -1,4 +1,6 @@
-"""Records of the grading layer: instance metadata and evaluation results (msgspec Structs)."""
+"""Instance metadata (msgspec Structs): ``InstanceMetadata`` and each protocol's grading fields
+(``ScaleSweGrading``, ``SweBenchGrading``, ``SweProSpec``). Evaluation results are in
+``_result.py``."""
 
 from __future__ import annotations
 

@@ -204,9 +204,9 @@ async def generate(
     if options is not None:
         # SWE_RAY_WORKERS: the episode runs on the shared pool of Ray workers; this process only
         # carries the call.
-        from ..ray import shared_pool
+        from ..ray import AsyncioWorkerPool, shared_pool
 
-        pool = shared_pool(options, _with_policy_url(config, url))
+        pool = AsyncioWorkerPool(shared_pool(options, _with_policy_url(config, url)))
         result = await pool.run_episode(
             md,
             episode_id=str(session_id) if session_id else None,

@@ -3,7 +3,7 @@
 Install with ``pip install 'trio-swe[ray]'``. Each :class:`WorkerPool` worker is a Ray async actor
 hosting one long-lived trio run (a guest of the actor's asyncio loop) with its own backend,
 agent and connection pools, kept across batches. The driver streams results as they finish,
-from trio or asyncio::
+from trio (from asyncio: the same with :class:`AsyncioWorkerPool`)::
 
     import ray
     from trio_swe.ray import WorkerPool
@@ -34,6 +34,7 @@ except ImportError as exc:  # pragma: no cover - the extra is installed in the t
 
     raise RayNotInstalledError("trio_swe.ray needs Ray: pip install 'trio-swe[ray]'") from exc
 
+from ._asyncio import AsyncioWorkerPool
 from ._env import RayOptions, shared_pool
 from ._leases import LeaseTable, LimiterStatistics
 from ._limiter import ClusterLimiter, LeasedBackend, LimiterClient, open_limiter
@@ -41,6 +42,7 @@ from ._pool import WorkerPool, WorkerPoolError, WorkerPoolStatistics, WorkerView
 from ._worker import RolloutWorker, WorkerInfo, WorkerStatistics
 
 __all__ = [
+    "AsyncioWorkerPool",
     "ClusterLimiter",
     "LeaseTable",
     "LeasedBackend",

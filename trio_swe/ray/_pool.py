@@ -8,37 +8,40 @@ leases back at once, a surviving worker kills the dead one's provider sandboxes 
 owner metadata), and a replacement worker is started. Leaving a rollout early or cancelling
 the driver cancels the episodes on their workers and waits until their sandboxes are killed.
 
-Everything here is trio; from asyncio the same objects work (``async with pool``,
-``async with pool.rollouts(...)``, ``await pool.run_episode(...)``): they detect the running
-library and go through :mod:`trio_swe.aio`.
+Everything here is trio. From asyncio, :class:`~._asyncio.AsyncioWorkerPool` is the same pool
+through :mod:`trio_swe.aio`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
 import math
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Collection,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from typing import Any, Literal, NamedTuple, TypeVar, cast
 
 import msgspec
 import ray
-import sniffio
 import trio
 from ray.util.scheduling_strategies import (
     NodeAffinitySchedulingStrategy,
     PlacementGroupSchedulingStrategy,
 )
 
-from .. import aio
 from .._errors import ConfigError, TrioSweError
 from ..config import SweConfig
 from ..episode import EpisodeResult
 from ..grading import InstanceMetadata
 from ..results import decode_result
+from ..rollout import GroupMember, open_rollouts_on
 from ._bridge import ActorHandle, ObjectRef, cancel_and_wait, wait_ref
 from ._leases import LimiterStatistics
 from ._limiter import open_limiter
@@ -101,17 +104,10 @@ class WorkerView(NamedTuple):
     running: int
 
 
-def _in_asyncio() -> bool:
-    try:
-        return sniffio.current_async_library() == "asyncio"
-    except sniffio.AsyncLibraryNotFoundError:
-        return False
-
-
 class WorkerPool:
     """Rollout workers as Ray actors, each hosting one long-lived trio run.
 
-    Example (trio or asyncio alike)::
+    Example (trio; from asyncio, :class:`~._asyncio.AsyncioWorkerPool`)::
 
         async with WorkerPool(concurrency=16, config=config) as pool:
             async with pool.rollouts(mds) as results:
@@ -218,25 +214,16 @@ class WorkerPool:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def start(self) -> None:
-        """Start the workers (and the limiter) and wait until every one is ready."""
-        if _in_asyncio():
-            return await aio.run(self._start_trio)
-        await self._start_trio()
-
     async def aclose(self) -> None:
         """Stop the workers this pool started (a shared pool's workers stay up: :meth:`shutdown`)."""
-        if _in_asyncio():
-            return await aio.run(self._aclose_trio, self._name is None)
         await self._aclose_trio(self._name is None)
 
     async def shutdown(self) -> None:
         """Stop every worker of the pool, shared or not."""
-        if _in_asyncio():
-            return await aio.run(self._aclose_trio, True)
         await self._aclose_trio(True)
 
-    async def _start_trio(self) -> None:
+    async def start(self) -> None:
+        """Start the workers (and the limiter) and wait until every one is ready."""
         if self._started:
             return
         if not ray.is_initialized():
@@ -449,6 +436,7 @@ class WorkerPool:
         network: bool,
         build_samples: bool,
         on_late: Callable[[bytes], None] | None = None,
+        group: tuple[str, int] | None = None,
     ) -> tuple[bytes, EpisodeResult] | None:
         """Run one episode on some worker, again elsewhere if that worker dies.
 
@@ -466,6 +454,8 @@ class WorkerPool:
                 sampling_params=params,
                 network=network,
                 build_samples=build_samples,
+                group_id=group[0] if group is not None else None,
+                group_index=group[1] if group is not None else 0,
             )
             try:
                 ref: ObjectRef = worker.handle.run.remote(encode_job(job))
@@ -503,39 +493,39 @@ class WorkerPool:
         build_samples: bool = True,
     ) -> EpisodeResult:
         """One episode on the least loaded worker (again elsewhere if that worker dies)."""
-        fn = functools.partial(
-            self._run_one,
+        await self.start()
+        out = await self._run_job(
             md,
+            batch=uuid.uuid4().hex,
+            worker=None,
             episode_id=episode_id,
             sampling_params=sampling_params,
             network=network,
             build_samples=build_samples,
         )
-        if _in_asyncio():
-            return await aio.run(fn)
-        return await fn()
-
-    async def _run_one(self, md: InstanceMetadata, **kwargs: Any) -> EpisodeResult:
-        await self._start_trio()
-        out = await self._run_job(md, batch=uuid.uuid4().hex, worker=None, **kwargs)
         if out is None:
             raise WorkerPoolError(f"the episode of {md.instance_id} was cancelled on its worker")
         return out[1]
 
-    def rollouts(
+    @asynccontextmanager
+    async def rollouts(
         self,
-        instances: Iterable[InstanceMetadata],
+        instances: Iterable[InstanceMetadata | GroupMember],
         *,
+        n_per_instance: int = 1,
+        done: Collection[tuple[str, int]] = (),
         sampling_params: Mapping[str, Any] | None = None,
         network: bool = True,
         build_samples: bool = True,
         episode_id: Callable[[InstanceMetadata], str] | None = None,
         on_start: Callable[[InstanceMetadata], None] | None = None,
         on_frame: Callable[[bytes, EpisodeResult], None] | None = None,
-    ) -> _Rollouts:
-        """Run one episode per instance across the workers; stream the results as they finish.
+    ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
+        """Run ``n_per_instance`` episodes per instance across the workers; stream the results
+        as they finish.
 
-        Same shape as :func:`trio_swe.run_rollouts`: an async context manager whose value is an
+        The rollout loop is :func:`trio_swe.rollout.open_rollouts_on`'s (groups, seeds and
+        resume as :func:`trio_swe.run_rollouts`): an async context manager whose value is an
         async iterator of results; leaving the block early (or cancelling it) cancels the
         episodes still running and waits until their sandboxes are killed. Instances are pulled
         lazily, when a worker has a free slot.
@@ -544,72 +534,20 @@ class WorkerPool:
         file stores it) before the result is handed out: ``ResultsWriter.write_frame`` appends it
         without encoding it again.
         """
-        return _Rollouts(
-            self,
-            instances,
-            dict(
-                sampling_params=sampling_params,
-                network=network,
-                build_samples=build_samples,
-            ),
-            episode_id,
-            on_start,
-            on_frame,
+        await self.start()
+        runner = _PoolEpisodes(
+            self, network=network, build_samples=build_samples, on_frame=on_frame
         )
-
-    @asynccontextmanager
-    async def _rollouts_trio(
-        self,
-        instances: Iterable[InstanceMetadata],
-        options: dict[str, Any],
-        episode_id: Callable[[InstanceMetadata], str] | None,
-        on_start: Callable[[InstanceMetadata], None] | None,
-        on_frame: Callable[[bytes, EpisodeResult], None] | None,
-    ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
-        await self._start_trio()
-        batch = uuid.uuid4().hex
-        send, receive = trio.open_memory_channel[EpisodeResult](math.inf)
-
-        def late(frame: bytes) -> None:
-            if on_frame is not None:
-                on_frame(frame, decode_result(frame))
-
-        async def one(
-            md: InstanceMetadata, worker: _Worker, out: trio.MemorySendChannel[EpisodeResult]
-        ) -> None:
-            async with out:
-                got = await self._run_job(
-                    md,
-                    batch=batch,
-                    worker=worker,
-                    episode_id=episode_id(md) if episode_id is not None else None,
-                    on_late=late,
-                    **options,
-                )
-                if got is not None:
-                    frame, result = got
-                    if on_frame is not None:
-                        on_frame(frame, result)
-                    await out.send(result)
-
-        async def drive(nursery: trio.Nursery) -> None:
-            async with send:
-                for md in instances:
-                    worker = await self._acquire()
-                    if on_start is not None:
-                        on_start(md)
-                    nursery.start_soon(one, md, worker, send.clone())
-
-        try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(drive, nursery)
-                async with receive:
-                    yield receive
-                nursery.cancel_scope.cancel()
-        except BaseExceptionGroup as group:
-            if len(group.exceptions) == 1:
-                raise group.exceptions[0] from None
-            raise
+        async with open_rollouts_on(
+            runner,
+            instances,
+            n_per_instance=n_per_instance,
+            done=done,
+            sampling_params=sampling_params,
+            episode_id=episode_id,
+            on_start=on_start,
+        ) as results:
+            yield results
 
     # -- inspection ---------------------------------------------------------------------------
     @property
@@ -631,9 +569,6 @@ class WorkerPool:
 
     async def worker_statistics(self) -> list[WorkerStatistics]:
         """Each live worker's counters (its backend's among them)."""
-        return await self._call_async(self._worker_statistics_trio)
-
-    async def _worker_statistics_trio(self) -> list[WorkerStatistics]:
         out: list[WorkerStatistics] = []
         for w in self._workers:
             if w.state != "live":
@@ -644,9 +579,6 @@ class WorkerPool:
 
     async def limiter_statistics(self) -> LimiterStatistics | None:
         """The limiter's snapshot (None without a limiter)."""
-        return await self._call_async(self._limiter_statistics_trio)
-
-    async def _limiter_statistics_trio(self) -> LimiterStatistics | None:
         if self._limiter is None:
             return None
         raw: bytes = await wait_ref(self._limiter.statistics.remote())
@@ -664,70 +596,55 @@ class WorkerPool:
             reaped=self.reaped,
         )
 
-    async def _call_async(self, fn: Callable[[], Awaitable[T]]) -> T:
-        if _in_asyncio():
-            return await aio.run(fn)
-        return await fn()
 
-
-class _Rollouts:
-    """``pool.rollouts(...)``: an async context manager in trio and in asyncio alike."""
+class _PoolEpisodes:
+    """The pool as an :class:`~trio_swe.rollout.EpisodeRunner`: a slot is the least loaded
+    worker; an episode runs there (again elsewhere if that worker dies), its frame handed to
+    ``on_frame`` before its result, a frame that finished while being cancelled too."""
 
     def __init__(
         self,
         pool: WorkerPool,
-        instances: Iterable[InstanceMetadata],
-        options: dict[str, Any],
-        episode_id: Callable[[InstanceMetadata], str] | None,
-        on_start: Callable[[InstanceMetadata], None] | None,
+        *,
+        network: bool,
+        build_samples: bool,
         on_frame: Callable[[bytes, EpisodeResult], None] | None,
     ) -> None:
-        self._args = (instances, options, episode_id, on_start, on_frame)
         self._pool = pool
-        self._trio_cm: Any = None
-        self._task: asyncio.Task[None] | None = None
-        self._stream: Any = None
+        self._network, self._build_samples = network, build_samples
+        self._on_frame = on_frame
+        self._batch = uuid.uuid4().hex
 
-    async def __aenter__(self) -> AsyncIterator[EpisodeResult]:
-        if not _in_asyncio():
-            self._trio_cm = self._pool._rollouts_trio(*self._args)
-            return await self._trio_cm.__aenter__()  # type: ignore[no-any-return]
-        self._stream = self._asyncio_stream()
-        return self._stream  # type: ignore[no-any-return]
+    async def acquire(self) -> object:
+        return await self._pool._acquire()
 
-    async def __aexit__(self, *exc: Any) -> bool | None:
-        if self._trio_cm is not None:
-            return await self._trio_cm.__aexit__(*exc)  # type: ignore[no-any-return]
-        if self._stream is not None:
-            await self._stream.aclose()
-        task = self._task
-        if task is not None and not task.done():
-            task.cancel()
-            try:
-                await task
-            except asyncio.CancelledError:
-                pass
-        return None
+    def _late(self, frame: bytes) -> None:
+        if self._on_frame is not None:
+            self._on_frame(frame, decode_result(frame))
 
-    async def _asyncio_stream(self) -> AsyncIterator[EpisodeResult]:
-        queue: asyncio.Queue[tuple[bool, EpisodeResult | None]] = asyncio.Queue()
-
-        async def pump() -> None:
-            async with self._pool._rollouts_trio(*self._args) as results:
-                async for result in results:
-                    queue.put_nowait((True, result))  # same thread: trio is asyncio's guest
-            queue.put_nowait((False, None))
-
-        task = self._task = asyncio.ensure_future(aio.run(pump))
-        while True:
-            getter = asyncio.ensure_future(queue.get())
-            await asyncio.wait([getter, task], return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
-                task.result()
-                return
-            more, result = getter.result()
-            if not more:
-                return
-            assert result is not None
-            yield result
+    async def run(
+        self,
+        slot: object,
+        member: GroupMember,
+        *,
+        episode_id: str | None,
+        sampling_params: Mapping[str, Any] | None,
+    ) -> EpisodeResult | None:
+        assert isinstance(slot, _Worker)
+        got = await self._pool._run_job(
+            member.md,
+            batch=self._batch,
+            worker=slot,
+            episode_id=episode_id,
+            sampling_params=sampling_params,
+            network=self._network,
+            build_samples=self._build_samples,
+            on_late=self._late,
+            group=(member.group_id, member.group_index),
+        )
+        if got is None:
+            return None
+        frame, result = got
+        if self._on_frame is not None:
+            self._on_frame(frame, result)
+        return result

@@ -29,6 +29,8 @@ class Job(msgspec.Struct, array_like=True, frozen=True):
         sampling_params: SGLang sampling parameters for every policy call.
         network: whether agent sandboxes get network access.
         build_samples: whether to build samples.
+        group_id: the episode's group (None: its instance id).
+        group_index: its place in the group.
     """
 
     key: str
@@ -38,6 +40,8 @@ class Job(msgspec.Struct, array_like=True, frozen=True):
     sampling_params: dict[str, Any] | None = None
     network: bool = True
     build_samples: bool = True
+    group_id: str | None = None
+    group_index: int = 0
 
 
 _job_decoder = msgspec.msgpack.Decoder(Job)

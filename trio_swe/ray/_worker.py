@@ -248,6 +248,8 @@ class _Worker:
                         sampling_params=job.sampling_params,
                         network=job.network,
                         build_samples=job.build_samples,
+                        group_id=job.group_id,
+                        group_index=job.group_index,
                     )
                 self._finished += 1
                 return encode_result(result)
