@@ -119,8 +119,7 @@ def _reward_by_group(go: Any, rows: list[EpisodeRow]) -> Any:
     )
     fig.update_layout(
         _layout(
-            f"Reward by group: {spread} of {len(by_group)} groups have a reward spread "
-            "(a GRPO advantage); click a point to open its episode",
+            f"Reward by group ({spread} of {len(by_group)} with a reward spread: a GRPO signal)",
             yaxis={"title": "reward"},
             xaxis={"title": "group", "type": "category"},
             showlegend=False,
@@ -365,7 +364,7 @@ body { font-family: system-ui, sans-serif; margin: 16px 24px; color: #222; }
 h1 { font-size: 1.4em; margin: 0 0 4px; } h2 { font-size: 1.15em; margin: 18px 0 6px; }
 .summary, .note { color: #444; } .figure { border-top: 1px solid #eee; }
 #figures { display: grid; grid-template-columns: 1fr 1fr; gap: 8px 16px; }
-#figures .figure:nth-child(3), #figures .figure:nth-child(5) { grid-column: span 2; }
+#figures .figure:nth-child(3) { grid-column: span 2; }
 #filter { width: 320px; padding: 4px; margin: 4px 0 8px; }
 #episodes { border-collapse: collapse; width: 100%; font-size: 0.85em; }
 #episodes th, #episodes td { border-bottom: 1px solid #eee; padding: 3px 6px; text-align: left; }
