@@ -269,10 +269,11 @@ class _ToolDialect:
         return [{"name": c.name, "arguments": c.arguments} for c in parsed.tool_calls]
 
 
-def load_turn_text(spec: str) -> TurnText:
+def load_turn_text(spec: str, *, tool_parser: str = "auto") -> TurnText:
     """The run's tokenizer: ``bytes`` for the byte tokenizer (``trio-swe demo``, runs without
     ``SWE_TOKENIZER``), else a checkpoint folder (its chat template's tool-call parser reads the
-    calls; a tokenizer without a template decodes, and ```bash blocks are read as calls).
+    calls; ``tool_parser`` names it, as ``SWE_TOOL_PARSER`` does; a tokenizer without a template
+    decodes, and ```bash blocks are read as calls).
 
     Raises:
         ConfigError: the folder holds no tokenizer (names the path).
@@ -287,7 +288,8 @@ def load_turn_text(spec: str) -> TurnText:
     tokenizer = load_tokenizer(spec, require_chat_template=False)
     if getattr(tokenizer, "chat_template", None):
         try:
-            return _ToolDialect(ChatModel(tokenizer, tools=BashAgent.TOOLS, name=spec))
+            model = ChatModel(tokenizer, tools=BashAgent.TOOLS, tool_parser=tool_parser, name=spec)
+            return _ToolDialect(model)
         except TemplateError:
             pass  # a template without tool calls: the text dialect's blocks
     return _TextDialect(tokenizer)

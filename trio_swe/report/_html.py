@@ -199,13 +199,23 @@ def _phases(go: Any, rows: list[EpisodeRow]) -> Any:
     return fig
 
 
+def _time_unit(span_sec: float) -> tuple[str, float]:
+    """The unit that reads best for a run of ``span_sec`` seconds, and its length in seconds."""
+    if span_sec < 300:
+        return "seconds", 1.0
+    if span_sec < 3 * 3600:
+        return "minutes", 60.0
+    return "hours", 3600.0
+
+
 def _outcomes_over_time(go: Any, rows: list[EpisodeRow]) -> Any:
     colors = _colors(rows)
-    timed = all(r.finished_at is not None for r in rows) and bool(rows)
+    timed = bool(rows) and all(r.finished_at is not None for r in rows)
+    unit, scale = _time_unit(max((r.finished_at or 0.0) for r in rows) if timed else 0.0)
     fig = go.Figure()
     for outcome in _outcomes(rows):
         part = [r for r in rows if r.outcome == outcome]
-        xs = [(r.finished_at or 0.0) / 60 if timed else r.index for r in part]
+        xs = [(r.finished_at or 0.0) / scale if timed else r.index for r in part]
         fig.add_trace(
             go.Histogram(
                 x=xs,
@@ -221,7 +231,7 @@ def _outcomes_over_time(go: Any, rows: list[EpisodeRow]) -> Any:
             barmode="stack",
             xaxis={
                 "title": (
-                    "minutes since the first episode started"
+                    f"{unit} since the first episode started"
                     if timed
                     else "episodes in the order they finished (the results carry no start times)"
                 )
