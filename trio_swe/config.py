@@ -37,6 +37,8 @@ variable                       meaning                                          
 ``SWE_ROLLOUT_GUARD_SEC``      outer bound of an episode; 0 = agent+setup+eval+headroom  0
 ``SWE_GUARD_HEADROOM_SEC``     added to the computed guard (boot, patch, kill)          180
 ``SWE_MAX_CONTEXT_TOKENS``     cap of a sample's tokens; 0 = no cap                     0
+``SWE_ILL_FORMED_POLICY``      ill-formed turns: ``mask`` (context, loss 0) or         mask
+                               ``train`` (trained like the others)
 ``SWE_BOOT_CONCURRENCY``       sandboxes booting at once, shared by all episodes        16
 ``SWE_BOOT_RETRIES``           boot retries after the first attempt                     2
 ``SWE_BOOT_BACKOFF_SEC``       base of the full-jitter exponential boot backoff         1.0
@@ -99,7 +101,7 @@ import math
 import os
 import typing
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -177,6 +179,8 @@ class EpisodeBudgets(_Options, frozen=True, kw_only=True):
         rollout_guard_sec: outer bound of one episode; 0 means :attr:`guard_sec` is computed.
         guard_headroom_sec: added to the agent, setup and eval budgets for the computed guard.
         max_context_tokens: cap of a sample's tokens (``0``: no cap).
+        ill_formed_policy: ``mask`` keeps an ill-formed turn's tokens as context (loss 0; a
+            sample with no trained token is dropped), ``train`` trains them like any other.
     """
 
     agent_time_budget_sec: Annotated[Seconds, env("SWE_AGENT_TIME_BUDGET_SEC")] = 1800.0
@@ -185,6 +189,9 @@ class EpisodeBudgets(_Options, frozen=True, kw_only=True):
     rollout_guard_sec: Annotated[SecondsOrZero, env("SWE_ROLLOUT_GUARD_SEC")] = 0.0
     guard_headroom_sec: Annotated[SecondsOrZero, env("SWE_GUARD_HEADROOM_SEC")] = 180.0
     max_context_tokens: Annotated[Count, env("SWE_MAX_CONTEXT_TOKENS")] = 0
+    ill_formed_policy: Annotated[
+        Literal["mask", "train"], env("SWE_ILL_FORMED_POLICY")
+    ] = "mask"
 
     @property
     def guard_sec(self) -> float:

@@ -29,14 +29,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+#: An engine already serving (``python -m trio_swe.testing._engine DIR`` prints its URL) and
+#: its checkpoint folder, to iterate on the suite without a 40 s start per run.
+RUNNING = os.environ.get("TRIO_SWE_ENGINE_URL")
+
+
 @pytest.fixture(scope="session")
 def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny seeded Qwen3 with Qwen3's real tokenizer and chat template."""
+    if RUNNING:
+        return Path(os.environ["TRIO_SWE_ENGINE_CHECKPOINT"])
     return build_checkpoint(tmp_path_factory.mktemp("tiny-qwen3"))
 
 
 @pytest.fixture(scope="session")
 def engine(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMEngine]:
     """vLLM serving :func:`checkpoint` on 127.0.0.1 for the whole session."""
+    if RUNNING:
+        yield VLLMEngine(url=RUNNING, checkpoint=checkpoint, log=Path("/dev/null"))
+        return
     with VLLMEngineProcess(checkpoint, workdir=tmp_path_factory.mktemp("vllm")) as running:
         yield running
