@@ -18,6 +18,7 @@ def write_report(
     *,
     title: str = "trio-swe run",
     tokenizer: str | None = None,
+    tool_parser: str = "auto",
     max_trajectories: int = 500,
 ) -> int:
     """Render the report of ``results`` into the file ``out`` (written whole, then renamed into
@@ -27,7 +28,7 @@ def write_report(
     Raises:
         ConfigError: plotly is missing, or the tokenizer does not load.
     """
-    text = load_turn_text(tokenizer) if tokenizer else None
+    text = load_turn_text(tokenizer, tool_parser=tool_parser) if tokenizer else None
     data = report_data(
         results, title=title, text=text, tokenizer=tokenizer, max_trajectories=max_trajectories
     )
