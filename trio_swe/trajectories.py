@@ -190,10 +190,10 @@ def episode_trajectory(result: EpisodeResult, text: TurnText | None = None) -> d
         "episode_id": result.episode_id,
         "protocol": result.protocol,
     }
-    for key in ("group_id", "group_index"):  # GRPO groups, when the results carry them
-        value = getattr(result, key, None)
-        if value is not None:
-            doc[key] = value
+    if result.group_id:  # GRPO groups
+        doc["group_id"] = result.group_id
+        doc["group_index"] = result.group_index
+        doc["seed"] = result.seed
     doc["info"] = info
     doc["messages"] = msgspec.to_builtins(episode_messages(result, text))
     return doc

@@ -1,9 +1,9 @@
 """Results of real runs for the report's tests: ``trio-swe run`` as a process on the demo set.
 
 Three runs into one results file (frames concatenate): the demo's rows twice over with the
-scripted policy (two episodes per instance: groups; completed and truncated episodes), three
-rows against a policy URL where nothing listens (``policy_error`` aborts), and one row whose
-image does not exist (an ``unevaluable`` abort).
+scripted policy (two episodes per instance, each row its own group; completed and truncated
+episodes), three rows against a policy URL where nothing listens (``policy_error`` aborts), and
+one row whose image does not exist (an ``unevaluable`` abort).
 """
 
 from __future__ import annotations

@@ -68,3 +68,14 @@ def test_the_page_is_self_contained_and_escapes_what_it_embeds() -> None:
     start = page.index('id="report-episodes">') + len('id="report-episodes">')
     embedded = page[start : page.index("</script>", start)]
     assert msgspec.json.decode(embedded)["inst-0#0"]["agent_output"] == evil
+
+
+def test_groups_are_the_results_group_ids() -> None:
+    results = [_result(i, group_id="g-a" if i < 3 else "g-b", group_index=i % 3) for i in range(4)]
+    data = report_data(results)
+    assert [(r.group, r.group_index) for r in data.rows] == [
+        ("g-a", 0),
+        ("g-a", 1),
+        ("g-a", 2),
+        ("g-b", 0),
+    ]

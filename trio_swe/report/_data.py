@@ -80,16 +80,6 @@ class ReportData(msgspec.Struct, kw_only=True):
     omitted_trajectories: int
 
 
-def _group(result: EpisodeResult) -> tuple[str, int | None]:
-    # GRPO groups, once results carry them; until then an instance's episodes are its group.
-    group_id = getattr(result, "group_id", None)
-    group_index = getattr(result, "group_index", None)
-    return (
-        str(group_id) if group_id is not None else result.instance_id,
-        int(group_index) if group_index is not None else None,
-    )
-
-
 def report_data(
     results: Sequence[EpisodeResult],
     *,
@@ -112,7 +102,6 @@ def report_data(
     for i, r in enumerate(results):
         t = r.timings
         phases = {p: float(getattr(t, p)) for p in PHASES}
-        group, group_index = _group(r)
         ev = r.eval_result
         drill = len(episodes) < max_trajectories and r.episode_id not in episodes
         if drill:
@@ -131,8 +120,9 @@ def report_data(
                 index=i,
                 instance_id=r.instance_id,
                 episode_id=r.episode_id,
-                group=group,
-                group_index=group_index,
+                # GRPO groups; results written before groups existed: the instance.
+                group=r.group,
+                group_index=r.group_index if r.group_id else None,
                 status=r.status,
                 abort_reason=r.abort_reason,
                 error=r.error,
