@@ -33,7 +33,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     out = Path(args.output)
     if not out.parent.is_dir():
         raise ConfigError(f"-o {str(out)!r}: the folder {str(out.parent)!r} does not exist")
-    size = write_report(
+    size, embedded = write_report(
         results,
         out,
         title=args.title or f"trio-swe report: {path.name}",
@@ -43,7 +43,7 @@ def cmd_report(args: argparse.Namespace, console: Console) -> int:
     )
     console.print(
         f"wrote {escape(str(out))} ({size / 1e6:.1f} MB): {len(results)} episodes, "
-        f"{min(len(results), args.max_trajectories)} with their trajectories"
+        f"{embedded} with their trajectories"
     )
     return 0
 

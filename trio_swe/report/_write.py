@@ -20,9 +20,9 @@ def write_report(
     tokenizer: str | None = None,
     tool_parser: str = "auto",
     max_trajectories: int = 500,
-) -> int:
+) -> tuple[int, int]:
     """Render the report of ``results`` into the file ``out`` (written whole, then renamed into
-    place); returns its size in bytes. ``tokenizer``: ``bytes`` or a checkpoint folder to decode
+    place); returns its size in bytes and how many episodes' trajectories it embeds. ``tokenizer``: ``bytes`` or a checkpoint folder to decode
     the trajectories' token ids (see :func:`~trio_swe.trajectories.load_turn_text`).
 
     Raises:
@@ -38,4 +38,4 @@ def write_report(
     with open(tmp, "wb") as f:
         f.write(page)
     os.replace(tmp, path)
-    return len(page)
+    return len(page), len(data.episodes)
