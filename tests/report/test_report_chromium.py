@@ -126,6 +126,23 @@ async def test_report_renders_in_chromium(tmp_path: Path) -> None:
         )
         assert cells > 1
 
+        # A point of a figure opens its episode too (plotly's click event, as a click emits it).
+        other = next(r for r in graded if r.instance_id == "demo__words-1")
+        await browser.evaluate(
+            "document.getElementById('reward-group').emit('plotly_click', "
+            f"{{points: [{{customdata: {json.dumps(other.episode_id)}}}]}})",
+            session=session,
+        )
+        title = await browser.evaluate(
+            _until(
+                "document.getElementById('drill-title').textContent.includes("
+                f"{json.dumps(other.episode_id)}) && "
+                "document.getElementById('drill-title').textContent"
+            ),
+            session=session,
+        )
+        assert title == f"Trajectory of {other.episode_id}"
+
         # An aborted episode's drill-down says why.
         await browser.evaluate(
             f"location.hash = 'episode=' + encodeURIComponent({json.dumps(aborted.episode_id)})",
