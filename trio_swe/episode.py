@@ -114,6 +114,8 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
             (exact, whatever the files' encoding: grade this); :attr:`patch_text` is the text.
         base_commit: the commit the patch is taken against.
         timings: seconds per phase.
+        started_at: when the episode started, in seconds since the epoch (None in results
+            written before it was recorded).
         boot_attempts: sandbox creations tried (agent and eval sandboxes).
         boot_retries: creations that failed and were retried.
         agent_output: the tail of the agent's transcript or log.
@@ -143,6 +145,7 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
     patch: bytes = b""
     base_commit: str | None = None
     timings: PhaseTimings = msgspec.field(default_factory=PhaseTimings)
+    started_at: float | None = None
     boot_attempts: int = 0
     boot_retries: int = 0
     agent_output: str = ""
@@ -230,6 +233,7 @@ async def run_episode(
         keep_eval_artifacts=keep_eval_artifacts,
     )
     started = time.monotonic()
+    episode.started_at = time.time()
     abort: tuple[AbortReason, str] | None = None
     with trio.move_on_after(cfg.guard_sec) as guard:
         try:
@@ -288,6 +292,7 @@ class _Episode:
         self.patch = b""
         self.eval_result: EvalResult | None = None
         self.samples: list[Sample] = []
+        self.started_at: float | None = None
 
     async def run(self, *, network: bool, build_samples: bool) -> None:
         timings = self.timings
@@ -425,6 +430,7 @@ class _Episode:
             patch=self.patch,
             base_commit=self.base_commit,
             timings=self.timings,
+            started_at=self.started_at,
             boot_attempts=self.backend.attempts,
             boot_retries=self.backend.retries,
             group_id=self.group[0],

@@ -19,6 +19,7 @@ from .._groups import leaves
 from ._parser import build_parser
 from .demo import cmd_demo
 from .grade import cmd_grade
+from .report import cmd_report
 from .results import cmd_results
 from .run import cmd_run
 
@@ -39,9 +40,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.getLogger(name).setLevel(logging.WARNING)
     # A pipe or a file gets a wide, plain console (no cursor tricks, no wrapped ids).
     console = Console() if sys.stdout.isatty() else Console(width=140, no_color=True)
-    if args.command == "results":
+    if args.command in ("results", "report"):  # no trio needed
         try:
-            return cmd_results(args, console)
+            return (cmd_results if args.command == "results" else cmd_report)(args, console)
         except TrioSweError as exc:
             console.print(f"[red]error: {escape(str(exc))}")
             return 2

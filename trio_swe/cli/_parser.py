@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 from .. import __version__
 from ..config import BACKENDS, SweConfig
+from .report import add_report_parser
 
 __all__ = ["build_parser"]
 
@@ -18,6 +19,7 @@ examples:
   SWE_BACKEND=e2b E2B_API_KEY=... trio-swe run rows.jsonl --out results.msgpack
   trio-swe run rows.jsonl --protocol swebench --limit 10
   trio-swe results results.msgpack                a summary of a results file
+  trio-swe report results.msgpack -o report.html  an HTML page of plots and trajectories
   trio-swe results results.msgpack --format predictions --model my-model -o predictions.jsonl
 
 Options not given as flags come from the environment (SWE_*, see `SweConfig`); a rerun with the
@@ -218,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
         "run's figures on one line every SEC seconds, 0 for never (default: 30)",
     )
     run.add_argument(
+        "--trajectories",
+        metavar="DIR",
+        default=None,
+        help="also write one JSON per episode here (<episode id>.traj.json: its turns' text, "
+        "tool calls, observations, mask and log-probs, reward, status, timings)",
+    )
+    run.add_argument(
         "--harness-dir",
         default=None,
         help="also write SWE-bench's harness outputs here (predictions.jsonl, report, logs)",
@@ -362,6 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="jsonl, predictions: write the export here, as Parquet if it ends in .parquet "
         "(needs pyarrow: trio-swe[parquet]) (default: standard output)",
     )
+    add_report_parser(sub)
     return parser
 
 

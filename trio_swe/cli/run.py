@@ -12,7 +12,8 @@ import argparse
 import collections
 import functools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -36,6 +37,7 @@ from ..results import ResultsWriter, harness_record, read_results
 from ..rollout import plan_groups
 from ..sandbox import Backend, open_backend
 from ..sandbox.docker import DockerBackend
+from ..trajectories import TrajectoryWriter, load_turn_text
 from ._progress import run_with_progress
 from ._ray import run_on_ray
 from ._render import print_summary
@@ -233,6 +235,9 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
             f"{unreadable} unreadable rows), protocol {protocol}, agent {config.agent}, "
             f"concurrency {args.concurrency}, backend {config.backend}"
         )
+    if args.ray is not None and getattr(args, "trajectories", None):
+        raise ConfigError("--trajectories is not supported with --ray (yet)")
+    trajectories = _trajectory_writer(args, config)
     with ResultsWriter(args.out) as writer:
         # An aborted episode that runs again replaces its aborted frames (no duplicates).
         rerun = {(m.group_id, m.group_index) for m in members}
@@ -260,8 +265,12 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
                     network=not args.no_network,
                     show_progress=not args.no_progress,
                     every=args.progress_every,
-                    # The harness's files are written from each result as it arrives.
-                    on_result=functools.partial(harness_record, outputs) if outputs else None,
+                    # The harness's files and the trajectories are written from each result
+                    # as it arrives.
+                    on_result=_each_result(
+                        functools.partial(harness_record, outputs) if outputs else None,
+                        trajectories,
+                    ),
                     keep_eval_artifacts=outputs is not None,
                 )
         finally:
@@ -272,6 +281,30 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
         outputs.write_report(md.instance_id for md in mds)
         console.print(f"harness outputs: {escape(str(outputs.report_path()))}")
     return exit_code(console, results)
+
+
+def _trajectory_writer(args: argparse.Namespace, config: SweConfig) -> TrajectoryWriter | None:
+    """``--trajectories DIR``: one JSON per episode, decoded with the run's tokenizer (the
+    checkpoint of ``SWE_TOKENIZER``, else the byte tokenizer of the text dialect)."""
+    if not getattr(args, "trajectories", None):
+        return None
+    text = load_turn_text(config.bash.tokenizer or "bytes", tool_parser=config.bash.tool_parser)
+    return TrajectoryWriter(args.trajectories, text)
+
+
+def _each_result(
+    *hooks: Callable[[EpisodeResult], object] | None,
+) -> Callable[[EpisodeResult], None] | None:
+    """One ``on_result`` calling each hook given, in order (None when there are none)."""
+    given = [h for h in hooks if h is not None]
+    if not given:
+        return None
+
+    def each(result: EpisodeResult) -> None:
+        for hook in given:
+            hook(result)
+
+    return each
 
 
 def local_options(args: argparse.Namespace, config: SweConfig) -> dict[str, Any] | None:
