@@ -23,7 +23,8 @@ from ..._errors import (
     SandboxPermissionError,
 )
 from .._background import PosArgs, start_in
-from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
+from .._bounds import file_time_bound
+from .._types import DEFAULT_FILE_TIMEOUT_SEC, DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from .._writes import DENIED_STATUS, NOT_A_FILE_STATUS, WRITE_SCRIPT, write_args, write_error
 from ._process import LocalProcess, nsenter_argv, start_local_process
@@ -332,18 +333,25 @@ class LocalSandbox:
 
     # -- files ------------------------------------------------------------------------------
     async def write_file(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        user: str | None = None,
+        mode: int | None = None,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> None:
-        """Create or replace ``path`` as ``user`` (parents created)."""
+        """Create or replace ``path`` as ``user`` (parents created), within ``timeout``."""
         check_abs_path(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        status, _, err, _ = await self._run(
-            ["/bin/sh", "-c", WRITE_SCRIPT, "write_file", *write_args(path, mode)],
-            user=user,
-            cwd="/",
-            data=payload,
-            merge_stderr=False,
-        )
+        with file_time_bound("write", path, timeout):
+            status, _, err, _ = await self._run(
+                ["/bin/sh", "-c", WRITE_SCRIPT, "write_file", *write_args(path, mode)],
+                user=user,
+                cwd="/",
+                data=payload,
+                merge_stderr=False,
+            )
         error = write_error(status, path, user, err.decode(errors="replace").strip())
         if error is not None:
             raise error
@@ -356,25 +364,27 @@ class LocalSandbox:
         user: str | None = None,
         max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
         special: bool = False,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> bytes:
         """The bytes of ``path``; see :meth:`trio_swe.Sandbox.read_file` for the caps."""
         check_abs_path(path)
         check_read_args(max_bytes, special)
-        status, out, err, _ = await self._run(
-            [
-                "/bin/sh",
-                "-c",
-                _READ_SCRIPT,
-                "read_file",
-                path,
-                "" if max_bytes is None else str(max_bytes),
-                "1" if special else "",
-            ],
-            user=user,
-            cwd="/",
-            merge_stderr=False,
-            max_output=None,  # a file is returned whole or not at all; `head` bounds it
-        )
+        with file_time_bound("read", path, timeout):
+            status, out, err, _ = await self._run(
+                [
+                    "/bin/sh",
+                    "-c",
+                    _READ_SCRIPT,
+                    "read_file",
+                    path,
+                    "" if max_bytes is None else str(max_bytes),
+                    "1" if special else "",
+                ],
+                user=user,
+                cwd="/",
+                merge_stderr=False,
+                max_output=None,  # a file is returned whole or not at all; `head` bounds it
+            )
         detail = err.decode(errors="replace").strip()
         if status == _NOT_FOUND_STATUS:
             raise SandboxFileNotFoundError(f"{path}: no such file in sandbox {self._id}")
