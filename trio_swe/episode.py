@@ -526,6 +526,8 @@ class _Episode:
         builder = SampleBuilder(
             max_sample_tokens=self.config.episode.max_context_tokens or None,
             append_only=self.agent.append_only,
+            ill_formed_policy=self.config.episode.ill_formed_policy,
+            fork_threshold_tokens=self.config.episode.realign_max_tokens,
         )
         for turn in outcome.turns:
             builder.add(turn)
