@@ -330,3 +330,18 @@ async def test_the_summary_names_each_abort_reason_with_its_message(tmp_path: Pa
     table = out[out.index("why episodes aborted") :]
     assert "policy_error" in table, out
     assert "127.0.0.1:1" in table, out
+
+
+async def test_policy_flags_are_checked_at_start(tmp_path: Path) -> None:
+    """The engine's API and the sampling flags: refused with the flag named, before any run."""
+    rc, out = await _cli("demo", "--policy-api", "vllm", "--no-progress", cwd=tmp_path)
+    _assert_refused(rc, out, "--policy-api names a real engine's API: give --policy-url")
+    rc, out = await _cli("demo", "--policy-url", "http://127.0.0.1:9", cwd=tmp_path)
+    _assert_refused(rc, out, "--policy-url", "give --tokenizer PATH")
+    path, _ = _demo_rows(tmp_path)
+    for flag, value in (("--temperature", "-1"), ("--top-p", "0"), ("--seed", "-3")):
+        rc, out = await _cli("run", str(path), flag, value, "--out", "r.msgpack", cwd=tmp_path)
+        _assert_refused(rc, out, flag)
+    rc, out = await _cli("run", str(path), "--policy-api", "openai", cwd=tmp_path)
+    assert rc == 2, out
+    assert "invalid choice: 'openai'" in out

@@ -157,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds per graded test run "
         f"({_from_env_help('SWE_EVAL_TIMEOUT_SEC', defaults.episode.eval_timeout_sec)})",
     )
+    _add_policy_flags(run, defaults)
     run.add_argument(
         "--max-context-tokens",
         type=int,
@@ -266,6 +267,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--tool-parser", default=None, help="tool-call format with --tokenizer (default: auto)"
     )
+    demo.add_argument(
+        "--policy-url",
+        default=None,
+        metavar="URL",
+        help="run the demo against this engine instead of the scripted policy (needs "
+        "--tokenizer: the engine's checkpoint); the demo then reports, and exits by, what it "
+        "recorded (0 when no episode aborted), not the scripts' rewards",
+    )
+    _add_policy_flags(demo, defaults)
 
     results = sub.add_parser(
         "results",
@@ -298,3 +308,46 @@ def build_parser() -> argparse.ArgumentParser:
         help="jsonl, predictions: write the export here (default: standard output)",
     )
     return parser
+
+
+def _add_policy_flags(parser: argparse.ArgumentParser, defaults: SweConfig) -> None:
+    """The policy server's API and the sampling options, on ``run`` and ``demo`` alike."""
+    from ..policy import POLICY_APIS
+
+    policy = defaults.policy
+    parser.add_argument(
+        "--policy-api",
+        choices=POLICY_APIS,
+        default=None,
+        help="the policy server's API: sglang (/generate), vllm (/inference/v1/generate, "
+        "vLLM --enable-scale-out), vllm-completions (/v1/completions with prompt ids) "
+        f"({_from_env_help('SWE_POLICY_API', policy.api)})",
+    )
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help="sampling temperature; at T != 1 the recorded log-probs are the tempered "
+        "distribution's only where the engine reports processed log-probs (vLLM "
+        f"--logprobs-mode processed_logprobs) ({_from_env_help('SWE_TEMPERATURE', policy.temperature)})",
+    )
+    parser.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help=f"nucleus sampling's p ({_from_env_help('SWE_TOP_P', policy.top_p)})",
+    )
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="cap of one turn's sampled tokens, 0 for the agent's own "
+        f"({_from_env_help('SWE_MAX_NEW_TOKENS', policy.max_new_tokens)})",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="the run's base seed: each episode and turn derives its own "
+        "(default: $SWE_SEED, else the engine's own randomness)",
+    )

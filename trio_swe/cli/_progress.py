@@ -35,6 +35,7 @@ async def run_with_progress(
     show_progress: bool,
     on_result: Callable[[EpisodeResult], None] | None = None,
     pool: Any = None,
+    keep_eval_artifacts: bool = False,
 ) -> list[EpisodeResult]:
     """Run ``mds`` with a live display: here (``agent`` on ``backend``), or on a Ray ``pool``."""
     tally = Tally(len(mds))
@@ -71,6 +72,7 @@ async def run_with_progress(
             concurrency=concurrency,
             network=network,
             on_start=tally.started,
+            keep_eval_artifacts=keep_eval_artifacts,
         )
     with live if show_progress else contextlib.nullcontext(live):
         async with stream_cm as stream:

@@ -24,7 +24,7 @@ from rich.console import Console
 from .._close import aclose_quietly
 from .._errors import ConfigError
 from ..agents import CLI_AGENTS, BashAgent, create_agent, ensure_installed
-from ..config import BashAgentOptions, BootPolicy, EpisodeBudgets, SweConfig
+from ..config import BashAgentOptions, BootPolicy, EpisodeBudgets, PolicyOptions, SweConfig
 from ..demo import build_demo_set, cli_scripts, open_scripted_policy_server
 from ..episode import EpisodeResult
 from ..grading import InstanceMetadata, get_metadata
@@ -41,6 +41,13 @@ __all__ = ["cmd_demo"]
 async def cmd_demo(args: argparse.Namespace, console: Console) -> int:
     if args.tool_parser is not None and not args.tokenizer:
         raise ConfigError("--tool-parser reads a checkpoint's tool calls: give --tokenizer too")
+    if args.policy_api is not None and args.policy_url is None:
+        raise ConfigError("--policy-api names a real engine's API: give --policy-url too")
+    if args.policy_url is not None and not args.tokenizer:
+        raise ConfigError(
+            "--policy-url runs the demo against a real engine, whose tokens are its "
+            "checkpoint's: give --tokenizer PATH (the checkpoint the engine serves)"
+        )
     if args.agent != "bash":
         return await _cmd_demo_cli(args, console)
     started = time.monotonic()
@@ -48,7 +55,7 @@ async def cmd_demo(args: argparse.Namespace, console: Console) -> int:
         demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
         config = _demo_config(
             args,
-            agent_budget_sec=5.0,
+            agent_budget_sec=5.0 if args.policy_url is None else 120.0,
             max_context_tokens=args.max_context_tokens,
             bash=BashAgentOptions(
                 max_turns=10,
@@ -72,6 +79,14 @@ async def cmd_demo(args: argparse.Namespace, console: Console) -> int:
                 )
             )
             dialect = f"{args.tokenizer}: its chat template, {tokenizer.parser.name} tool calls"
+        if args.policy_url is not None:
+            console.print(
+                f"demo: {len(mds)} instances built in {workdir / 'repos'}; the engine at "
+                f"{args.policy_url} ({config.policy.api}); bash agent ({dialect}); local backend "
+                f"without network; concurrency {args.concurrency}"
+            )
+            results = await _run_demo(console, args, mds, _with_policy(config, args.policy_url))
+            return _engine_verdict(console, args, results, started)
         console.print(
             f"demo: {len(mds)} instances built in {workdir / 'repos'}; scripted policy on "
             f"loopback; bash agent ({dialect}); local backend without network; "
@@ -104,11 +119,19 @@ async def _cmd_demo_cli(args: argparse.Namespace, console: Console) -> int:
         demo = await trio.to_thread.run_sync(build_demo_set, workdir / "repos")
         config = _demo_config(
             args,
-            agent_budget_sec=90.0,
+            agent_budget_sec=90.0 if args.policy_url is None else 240.0,
             max_context_tokens=max(args.max_context_tokens, 65536),
             bash=BashAgentOptions(tokenizer=args.tokenizer, tool_parser=args.tool_parser or "auto"),
         )
         mds = [get_metadata(row, "scaleswe") for row in demo.rows]
+        if args.policy_url is not None:
+            console.print(
+                f"demo: {len(mds)} instances; {args.agent} ({exe}) through the recording "
+                f"gateway; the engine at {args.policy_url} ({config.policy.api}); local "
+                f"backend, sandboxes reach only the gateway; concurrency {args.concurrency}"
+            )
+            results = await _run_demo(console, args, mds, _with_policy(config, args.policy_url))
+            return _engine_verdict(console, args, results, started)
         console.print(
             f"demo: {len(mds)} instances; {args.agent} ({exe}) through the recording gateway; "
             f"scripted policy on {args.tokenizer}; local backend, sandboxes reach only the "
@@ -149,6 +172,7 @@ def _demo_config(
     bash: BashAgentOptions,
 ) -> SweConfig:
     """The demo's agent and budgets (``--agent-budget`` overrides the agent's), checked."""
+    environ = SweConfig.from_env(check_protocols=False)
     config = SweConfig(
         agent=args.agent,
         episode=EpisodeBudgets(
@@ -159,12 +183,41 @@ def _demo_config(
             setup_timeout_sec=60.0,
             guard_headroom_sec=60.0,
             max_context_tokens=max_context_tokens,
+            # How samples are built is the environment's (SWE_ILL_FORMED_POLICY, ...): an
+            # untrained engine's turns are all ill-formed, masked by default.
+            ill_formed_policy=environ.episode.ill_formed_policy,
+            realign_max_tokens=environ.episode.realign_max_tokens,
         ),
         boot=BootPolicy(concurrency=max(args.concurrency, 1)),
         bash=bash,
+        policy=_policy_options(args, environ.policy),
     )
     config.validate_protocols()
     return config
+
+
+#: A turn's cap against a real engine unless --max-new-tokens says otherwise: the bash
+#: agent's own (4096) would let an untrained model talk for minutes per turn on a CPU.
+ENGINE_MAX_NEW_TOKENS = 256
+
+
+def _policy_options(args: argparse.Namespace, environ: PolicyOptions) -> PolicyOptions:
+    """The policy's API and sampling options from the flags (the environment's under them,
+    against an engine; the scripted server speaks SGLang's API whatever the environment)."""
+    base = PolicyOptions() if args.policy_url is None else environ
+    values = {
+        "api": args.policy_api,
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "max_new_tokens": args.max_new_tokens,
+        "seed": args.seed,
+    }
+    if args.policy_url is not None and args.max_new_tokens is None and not base.max_new_tokens:
+        values["max_new_tokens"] = ENGINE_MAX_NEW_TOKENS
+    try:
+        return msgspec.structs.replace(base, **{k: v for k, v in values.items() if v is not None})
+    except ConfigError as exc:
+        raise ConfigError(f"demo's policy flags: {exc}") from None
 
 
 def _with_policy(config: SweConfig, url: str) -> SweConfig:
@@ -199,6 +252,31 @@ async def _run_demo(
         if writer is not None:
             writer.close()
         await aclose_quietly([agent], timeout_sec=10.0)
+
+
+def _engine_verdict(
+    console: Console, args: argparse.Namespace, results: Sequence[EpisodeResult], started: float
+) -> int:
+    """Against a real engine the scripts mean nothing: report what was recorded; 0 when no
+    episode aborted (an untrained model earns 0, which is a result, not a failure)."""
+    console.print(summary_table(results))
+    aborts = abort_table(results)
+    if aborts is not None:
+        console.print(aborts)
+    samples = [s for r in results for s in r.samples]
+    tokens = sum(len(s.tokens) for s in samples)
+    trained = sum(sum(s.loss_mask) for s in samples)
+    aborted = sum(1 for r in results if r.status == "aborted")
+    rewards = [r.reward for r in results if r.status != "aborted"]
+    mean = sum(rewards) / len(rewards) if rewards else 0.0
+    console.print(
+        f"{len(results) - aborted}/{len(results)} episodes ran to the end (reward mean "
+        f"{mean:.2f}); {sum(r.n_turns for r in results)} turns, {len(samples)} samples, "
+        f"{tokens} tokens ({trained} trained); {time.monotonic() - started:.1f}s"
+    )
+    if args.out:
+        console.print(f"results: {args.out}")
+    return 0 if aborted == 0 else 1
 
 
 def _demo_verdict(

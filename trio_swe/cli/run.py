@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
+import functools
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,11 +30,10 @@ from ..grading import (
     InstanceMetadata,
     evaluability_check,
     get_metadata,
-    harness_outputs,
     local_backend_shims,
     local_checkouts,
 )
-from ..results import ResultsWriter, read_results
+from ..results import ResultsWriter, harness_record, read_results
 from ..sandbox import Backend, open_backend
 from ..sandbox.docker import DockerBackend
 from ._progress import run_with_progress
@@ -77,6 +75,11 @@ RUN_FLAGS: dict[str, tuple[str, tuple[str, ...]]] = {
     "--agent-budget": ("agent_budget", ("episode.agent_time_budget_sec",)),
     "--eval-timeout": ("eval_timeout", ("episode.eval_timeout_sec",)),
     "--max-context-tokens": ("max_context_tokens", ("episode.max_context_tokens",)),
+    "--policy-api": ("policy_api", ("policy.api",)),
+    "--temperature": ("temperature", ("policy.temperature",)),
+    "--top-p": ("top_p", ("policy.top_p",)),
+    "--max-new-tokens": ("max_new_tokens", ("policy.max_new_tokens",)),
+    "--seed": ("seed", ("policy.seed",)),
 }
 
 
@@ -240,10 +243,7 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
             else None
         )
         try:
-            async with (
-                open_backend(config.backend, local_options(args, config)) as backend,
-                _maybe_outputs(outputs),
-            ):
+            async with open_backend(config.backend, local_options(args, config)) as backend:
                 await check_backend(backend)
                 results = await run_with_progress(
                     console,
@@ -255,6 +255,9 @@ async def cmd_run(args: argparse.Namespace, console: Console) -> int:
                     writer=writer,
                     network=not args.no_network,
                     show_progress=not args.no_progress,
+                    # The harness's files are written from each result as it arrives.
+                    on_result=functools.partial(harness_record, outputs) if outputs else None,
+                    keep_eval_artifacts=outputs is not None,
                 )
         finally:
             await aclose_quietly([agent], timeout_sec=10.0)
@@ -297,13 +300,3 @@ def exit_code(console: Console, results: Sequence[EpisodeResult]) -> int:
         )
         return 1
     return 0
-
-
-@asynccontextmanager
-async def _maybe_outputs(outputs: HarnessOutputs | None) -> AsyncIterator[None]:
-    """Gradings inside write the harness's outputs to ``outputs`` (when given).
-
-    The CLI's one use of grading's context (``harness_outputs``).
-    """
-    with harness_outputs(outputs) if outputs is not None else contextlib.nullcontext():
-        yield

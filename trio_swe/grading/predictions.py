@@ -19,17 +19,17 @@ from typing import Any
 
 import trio
 
-from .._errors import ConfigError, MetadataError, TrioSweError
+from .._errors import ConfigError, InvalidArgumentError, MetadataError, TrioSweError
 from .._json import loads
 from ..sandbox import Backend
 from . import (
     check_rows,
     evaluability_check,
     get_metadata,
+    grade,
     resolve_image,
-    run_evaluation,
 )
-from ._harness import HarnessOutputs, harness_outputs
+from ._harness import HarnessOutputs
 from ._metadata import instance_id_of
 
 __all__ = [
@@ -231,12 +231,18 @@ async def grade_predictions(
             return
         async with limiter:
             try:
-                with harness_outputs(outputs):
-                    result = await run_evaluation(backend, md, patch, timeout_sec=timeout_sec)
-            except TrioSweError as exc:  # recorded by run_evaluation
+                graded = await grade(backend, md, patch, timeout_sec=timeout_sec)
+            except InvalidArgumentError as exc:  # a patch no encoding can write: nothing ran
                 done(iid, f"error ({type(exc).__name__})")
                 return
-        done(iid, result.reason)
+            except Exception as exc:
+                outputs.record(iid, patch, None, None, note=f"{type(exc).__name__}: {exc}")
+                if not isinstance(exc, TrioSweError):
+                    raise
+                done(iid, f"error ({type(exc).__name__})")
+                return
+        outputs.record(iid, patch, graded.result, graded.artifacts)
+        done(iid, graded.result.reason)
 
     async with trio.open_nursery() as nursery:
         for pred in predictions:

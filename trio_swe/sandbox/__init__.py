@@ -17,6 +17,7 @@ from ._types import (
     SandboxStatistics,
 )
 from ._validate import check_command
+from ._wrapper import BackendWrapper
 
 __all__ = [
     "DEFAULT_FILE_TIMEOUT_SEC",
@@ -24,6 +25,7 @@ __all__ = [
     "EXIT_TIME_BUDGET_EXCEEDED",
     "Backend",
     "BackendStatistics",
+    "BackendWrapper",
     "ExecReason",
     "ExecResult",
     "ImageMap",
