@@ -136,6 +136,27 @@ class DetachedCommandLostError(SandboxError):
     """A detached command's launcher vanished without writing its done marker."""
 
 
+class SandboxFileTimeoutError(SandboxError, TimeoutError):
+    """``read_file`` or ``write_file`` did not finish within its ``timeout``: a file that
+    blocks when read (``/proc/kmsg``, a FIFO read with ``special=True``), a stuck file system,
+    an unresponsive sandbox. The call was abandoned (a write may or may not have landed).
+
+    Attributes:
+        path: the file.
+        op: ``"read"`` or ``"write"``.
+        timeout: the bound, in seconds.
+    """
+
+    def __init__(self, path: str, op: str, timeout: float) -> None:
+        super().__init__(
+            f"{op}_file {path!r} did not finish within {timeout:g} s "
+            "(pass a larger timeout, or None for no bound)"
+        )
+        self.path = path
+        self.op = op
+        self.timeout = timeout
+
+
 class SandboxFileNotFoundError(TrioSweError, FileNotFoundError):
     """``read_file`` of a path that does not exist in the sandbox."""
 

@@ -15,6 +15,7 @@ import trio
 from trio_swe import (
     InvalidArgumentError,
     SandboxFileNotFoundError,
+    SandboxFileTimeoutError,
     SandboxFileTooLargeError,
     SandboxNotAFileError,
     open_sandbox,
@@ -78,7 +79,9 @@ async def test_reading_a_fifo_with_special_is_cancellable(tmp_path: Path) -> Non
     image = tmp_path / "image"
     image.mkdir()
     async with open_sandbox(LocalBackend(), str(image)) as sb:
-        assert (await sb.exec("mkfifo /tmp/fifo")).ok
+        # Two FIFOs: a server may leave the abandoned read's reader blocked on the first one
+        # (envd does), which would let a write to it through.
+        assert (await sb.exec("mkfifo /tmp/fifo /tmp/fifo2")).ok
         with trio.move_on_after(1.0) as scope:
             await sb.read_file("/tmp/fifo", special=True)
         assert scope.cancelled_caught
@@ -87,3 +90,31 @@ async def test_reading_a_fifo_with_special_is_cancellable(tmp_path: Path) -> Non
         async with trio.open_nursery() as nursery:
             nursery.start_soon(sb.exec, "printf piped > /tmp/fifo")
             assert await sb.read_file("/tmp/fifo", special=True) == b"piped"
+
+
+async def test_reads_and_writes_that_block_end_in_a_typed_timeout(
+    backend: Backend, image: Path
+) -> None:
+    """A file that blocks (a FIFO without a writer or a reader; ``/proc/kmsg``, regular and
+    empty by its stat, whose read waits for kernel messages) ends in ``SandboxFileTimeoutError``
+    at the call's ``timeout``, and the sandbox goes on working (issue 27, item 3)."""
+    async with open_sandbox(backend, str(image)) as sb:
+        # Two FIFOs: a server may leave the abandoned read's reader blocked on the first one
+        # (envd does), which would let a write to it through.
+        assert (await sb.exec("mkfifo /tmp/fifo /tmp/fifo2")).ok
+        with trio.fail_after(60):
+            with pytest.raises(SandboxFileTimeoutError) as err:
+                await sb.read_file("/tmp/fifo", special=True, timeout=0.5)
+            assert (err.value.path, err.value.op, err.value.timeout) == ("/tmp/fifo", "read", 0.5)
+            with pytest.raises(SandboxFileTimeoutError) as err:
+                await sb.write_file("/tmp/fifo2", b"nobody reads this", timeout=0.5)
+            assert err.value.op == "write"
+            # Root in the sandbox may read /proc/kmsg (a 0-byte regular file that blocks).
+            if (await sb.exec("test -r /proc/kmsg && test -f /proc/kmsg")).ok:
+                with pytest.raises(SandboxFileTimeoutError):
+                    await sb.read_file("/proc/kmsg", timeout=0.5)
+            for bad in (0, -1, True, "1"):
+                with pytest.raises(InvalidArgumentError, match="timeout"):
+                    await sb.read_file("/testbed/hello.txt", timeout=bad)  # type: ignore[arg-type]
+            assert await sb.read_file("/testbed/hello.txt", timeout=None) == b"hello\n"
+            assert (await sb.exec("echo still here")).output == "still here\n"

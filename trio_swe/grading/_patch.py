@@ -25,7 +25,7 @@ import re
 import shlex
 from typing import Final
 
-from .._errors import InvalidArgumentError
+from .._errors import InvalidArgumentError, PatchFailedError
 
 #: The ladder's rung names, in order.
 RUNGS: Final = ("git_apply", "git_apply_3way", "git_apply_reject", "patch_fuzz")
@@ -69,18 +69,37 @@ def patch_bytes(patch: str | bytes) -> bytes:
     Raises:
         InvalidArgumentError: not str or bytes, or a str holding another lone surrogate (no
             encoding can write it).
+        PatchFailedError: more than :data:`MAX_PATCH_BYTES`.
     """
     if isinstance(patch, bytes | bytearray | memoryview):
+        _check_size(len(patch))
         return bytes(patch)
     if not isinstance(patch, str):
         raise InvalidArgumentError(f"patch must be str or bytes, got {type(patch).__name__}")
+    _check_size(len(patch))  # a str's UTF-8 is at least as long: refuse before encoding
     try:
-        return patch.encode("utf-8", "surrogateescape")
+        data = patch.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError as exc:
         raise InvalidArgumentError(
             f"patch: the character {patch[exc.start]!r} at index {exc.start} is a lone "
             "surrogate, which no encoding can write; pass the patch as bytes"
         ) from None
+    _check_size(len(data))
+    return data
+
+
+#: The largest patch graded: grading holds a few copies of it (text, shell-quoted, its lines),
+#: so a bigger one costs the client several times its size. Agents' patches are far smaller;
+#: one this big is generated files or junk.
+MAX_PATCH_BYTES: Final = 16 * 1024 * 1024
+
+
+def _check_size(size: int) -> None:
+    if size > MAX_PATCH_BYTES:
+        raise PatchFailedError(
+            f"the patch has {size} bytes, more than MAX_PATCH_BYTES ({MAX_PATCH_BYTES}) "
+            "allows grading"
+        )
 
 
 def patch_text(patch: str | bytes) -> str:

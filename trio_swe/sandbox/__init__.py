@@ -6,6 +6,7 @@ from ._open import open_sandbox
 from ._protocol import Backend, Sandbox
 from ._registry import available_backends, create_backend, open_backend, register_backend
 from ._types import (
+    DEFAULT_FILE_TIMEOUT_SEC,
     DEFAULT_READ_MAX_BYTES,
     EXIT_TIME_BUDGET_EXCEEDED,
     BackendStatistics,
@@ -19,6 +20,7 @@ from ._validate import check_command
 from ._wrapper import BackendWrapper
 
 __all__ = [
+    "DEFAULT_FILE_TIMEOUT_SEC",
     "DEFAULT_READ_MAX_BYTES",
     "EXIT_TIME_BUDGET_EXCEEDED",
     "Backend",

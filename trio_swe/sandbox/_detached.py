@@ -26,6 +26,7 @@ before the call ends.
 from __future__ import annotations
 
 import random
+import shlex
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
@@ -63,6 +64,9 @@ KILL_TIMEOUT_SEC = 30.0
 _WAIT_RPC_SLACK_SEC = 30.0
 #: With ``want_output``, outputs up to this size come back in the wait RPC's reply itself.
 INLINE_OUTPUT_BYTES = 64 * 1024
+#: With ``want_output``, the most of an output that comes back by default (its tail, with
+#: ``output_truncated`` set): a command printing 100 MB must not cost the client 100s of MB.
+DEFAULT_MAX_OUTPUT_BYTES = 16 * 1024 * 1024
 #: How often a script whose reply came back without its header is run again (each script is
 #: replay-safe); a broken backend or script must not loop forever.
 _MALFORMED_RETRIES = 5
@@ -104,6 +108,7 @@ async def exec_and_wait(
     workdir: str | None = None,
     want_output: bool = False,
     poll_interval_sec: float = DEFAULT_POLL_INTERVAL_SEC,
+    max_output_bytes: int | None = DEFAULT_MAX_OUTPUT_BYTES,
 ) -> ExecResult:
     """Run ``cmd`` detached in ``sb`` and wait for it, at most ``time_budget_sec`` seconds.
 
@@ -131,6 +136,10 @@ async def exec_and_wait(
             last 4 KiB (``output_truncated`` set when longer) on failure or overrun.
         poll_interval_sec: the longest a single wait RPC blocks in the sandbox (the end is
             seen at once whatever it is; it sets how often a running command costs an RPC).
+        max_output_bytes: with ``want_output``, a longer output comes back as its last
+            ``max_output_bytes`` bytes with ``output_truncated`` set (16 MiB by default; the
+            tail is cut in the sandbox, so only what is returned crosses the wire). ``None``:
+            the whole output, whatever its size.
 
     Returns:
         The command's :class:`ExecResult`, with ``tag`` set. A non-zero exit is a result.
@@ -144,6 +153,14 @@ async def exec_and_wait(
     """
     budget = check_budget(time_budget_sec, "time_budget_sec")
     poll = check_budget(poll_interval_sec, "poll_interval_sec")
+    if max_output_bytes is not None and (
+        isinstance(max_output_bytes, bool)
+        or not isinstance(max_output_bytes, int)
+        or max_output_bytes < 0
+    ):
+        raise InvalidArgumentError(
+            f"max_output_bytes must be a non-negative int or None, got {max_output_bytes!r}"
+        )
     if not 0 < poll <= MAX_POLL_INTERVAL_SEC:
         raise InvalidArgumentError(
             f"poll_interval_sec must be in (0, {MAX_POLL_INTERVAL_SEC:g}], got {poll_interval_sec!r}"
@@ -154,7 +171,8 @@ async def exec_and_wait(
     # A finished call with this tag may still have its cleanup pending: let it finish first,
     # or it would remove the new call's files.
     await _Cleanups.of(sb).settle(plan.dir)
-    return await _Call(sb, plan, want_output=want_output, poll_sec=poll).run(budget)
+    call = _Call(sb, plan, want_output=want_output, poll_sec=poll, max_output=max_output_bytes)
+    return await call.run(budget)
 
 
 async def wait_cleanups(sb: Sandbox) -> None:
@@ -272,10 +290,19 @@ class _Mailbox:
 class _Call:
     """One ``exec_and_wait`` call: its plan and the state needed to clean up after it."""
 
-    def __init__(self, sb: Sandbox, plan: Plan, *, want_output: bool, poll_sec: float) -> None:
+    def __init__(
+        self,
+        sb: Sandbox,
+        plan: Plan,
+        *,
+        want_output: bool,
+        poll_sec: float,
+        max_output: int | None = DEFAULT_MAX_OUTPUT_BYTES,
+    ) -> None:
         self.sb = sb
         self.plan = plan
         self.want_output = want_output
+        self.max_output = max_output
         self.poll_sec = poll_sec
         self.started = trio.current_time()
         self.touched = False  # an RPC that may have created files was sent
@@ -449,20 +476,48 @@ class _Call:
         self, tail: str, status: int, size: int, *, force_full: bool = False
     ) -> tuple[str, bool]:
         """``(output, truncated)`` per the want_output rules."""
+        cap = self.max_output
         if self.want_output and not force_full and size <= INLINE_OUTPUT_BYTES:
+            if cap is not None and len(tail) > cap:  # a cap below the inline size
+                tail = tail.encode()[-cap:].decode("utf-8", errors="replace")
+                return tail, True
             return tail, False  # the whole output came inline
         if self.want_output or force_full:
-            # Our own regular file: read whole and unchecked (no Stat round trip on E2B), as
-            # before read_file had a cap.
+            path, cut = self.plan.out_path, cap is not None and size > cap
+            if cut:
+                assert cap is not None
+                path = await self._tail_file(cap)
+            # Our own regular file: read whole and unchecked (no Stat round trip on E2B).
             data = await self._persist(
-                lambda: self.sb.read_file(
-                    self.plan.out_path, user=self.plan.user, max_bytes=None, special=True
-                )
+                lambda: self.sb.read_file(path, user=self.plan.user, max_bytes=None, special=True)
             )
-            return data.decode("utf-8", errors="replace"), False
+            if cap is not None and len(data) > cap:  # grew after its size was reported
+                data, cut = data[-cap:], True
+            return data.decode("utf-8", errors="replace"), cut
         if status == 0:
             return "", False
         return tail, size > DEFAULT_TAIL_BYTES
+
+    async def _tail_file(self, cap: int) -> str:
+        """Copy the output's last ``cap`` bytes to a file of the call's own; its path."""
+        out = self.plan.out_path
+        tail_path = f"{out}.tail"
+        q_out, q_tail = shlex.quote(out), shlex.quote(tail_path)
+        result = await self._persist(
+            lambda: self.sb.exec(
+                f"tail -c {int(cap)} -- {q_out} > {q_tail}",
+                user=self.plan.user,
+                cwd="/",
+                timeout=SCRIPT_TIMEOUT_SEC,
+                idempotent=True,
+            )
+        )
+        if not result.ok:
+            raise SandboxError(
+                f"detached command {self.plan.tag!r}: cutting its output to {cap} bytes failed "
+                f"(exit {result.exit_code}): {result.output[-500:]!r}"
+            )
+        return tail_path
 
     # -- cleanup ----------------------------------------------------------------------------
     async def _kill(self, *, keep_files: bool) -> Reply | None:

@@ -9,6 +9,7 @@ import trio
 
 from ._background import PosArgs
 from ._types import (
+    DEFAULT_FILE_TIMEOUT_SEC,
     DEFAULT_READ_MAX_BYTES,
     BackendStatistics,
     ExecResult,
@@ -79,9 +80,19 @@ class Sandbox(Protocol):
         ...
 
     async def write_file(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        user: str | None = None,
+        mode: int | None = None,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> None:
-        """Create or replace the file at ``path`` (parents are created)."""
+        """Create or replace the file at ``path`` (parents are created).
+
+        Raises:
+            SandboxFileTimeoutError: not done within ``timeout`` seconds (None: no bound).
+        """
         ...
 
     async def read_file(
@@ -91,6 +102,7 @@ class Sandbox(Protocol):
         user: str | None = None,
         max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
         special: bool = False,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> bytes:
         """Return the file's bytes, whole. Cancellable at any point.
 
@@ -101,12 +113,15 @@ class Sandbox(Protocol):
                 ``max_bytes + 1`` bytes are ever read); None reads any size.
             special: also read what is not a regular file (a device, a FIFO): up to
                 ``max_bytes``, blocking as the file does (a FIFO waits for a writer).
+            timeout: seconds the whole read may take (None: no bound), so a file that blocks
+                when read (``/proc/kmsg``, a FIFO) ends in an error, not a hang.
 
         Raises:
             SandboxFileNotFoundError: the file does not exist.
             SandboxNotAFileError: not a regular file (a directory; without ``special``, any
                 other kind).
             SandboxFileTooLargeError: more than ``max_bytes``.
+            SandboxFileTimeoutError: not done within ``timeout``.
             SandboxError: any other failure. Never returns ``b""`` for a failure.
         """
         ...

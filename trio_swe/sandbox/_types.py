@@ -10,6 +10,11 @@ import msgspec
 #: ``read_file``'s default cap: a larger file raises ``SandboxFileTooLargeError``.
 DEFAULT_READ_MAX_BYTES: Final = 64 * 1024 * 1024
 
+#: ``read_file``'s and ``write_file``'s default time bound (seconds): past it they raise
+#: ``SandboxFileTimeoutError``. Generous for the default cap (64 MiB) over a slow link; a file
+#: that blocks on read (``/proc/kmsg``) never ends without it.
+DEFAULT_FILE_TIMEOUT_SEC: Final = 120.0
+
 #: Exit code reported when a command outlived its time budget (slime's convention).
 EXIT_TIME_BUDGET_EXCEEDED: Final = -1
 

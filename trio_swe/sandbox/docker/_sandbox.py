@@ -19,7 +19,8 @@ from ..._errors import (
     SandboxPermissionError,
 )
 from .._background import PosArgs, start_in
-from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
+from .._bounds import file_time_bound
+from .._types import DEFAULT_FILE_TIMEOUT_SEC, DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from .._writes import WRITE_SCRIPT, write_args, write_error
 from ._engine import Engine, EngineError
@@ -248,7 +249,21 @@ class DockerSandbox:
         return self._ids[user]
 
     async def write_file(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        user: str | None = None,
+        mode: int | None = None,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
+    ) -> None:
+        """Create or replace ``path`` as ``user`` (parents created as that user), within
+        ``timeout``; see :meth:`_write_file`."""
+        with file_time_bound("write", path, timeout):
+            await self._write_file(path, data, user=user, mode=mode)
+
+    async def _write_file(
+        self, path: str, data: bytes | str, *, user: str | None, mode: int | None
     ) -> None:
         """Create or replace ``path`` as ``user`` (parents created as that user).
 
@@ -339,16 +354,21 @@ class DockerSandbox:
         user: str | None = None,
         max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
         special: bool = False,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> bytes:
         """The bytes of ``path`` (symlinks followed); :class:`SandboxFileNotFoundError` if missing.
 
         The archive API gives regular files only (``special`` changes nothing) and the whole
-        archive is read before ``max_bytes`` is checked.
+        archive is read before ``max_bytes`` is checked. All within ``timeout``.
         """
         check_abs_path(path)
         check_read_args(max_bytes, special)
         if user is not None:
             check_user(user)
+        with file_time_bound("read", path, timeout):
+            return await self._read_file(path, user, max_bytes)
+
+    async def _read_file(self, path: str, user: str | None, max_bytes: int | None) -> bytes:
         asked = path
         for _hop in range(40):
             async with self._engine.get_archive(self._cid, path) as response:

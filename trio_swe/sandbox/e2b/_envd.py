@@ -262,12 +262,14 @@ class EnvdClient:
         ok: tuple[int, ...] = (200,),
         shield: bool = False,
         limit: int | None = None,
+        timeout: float | None = None,
     ) -> Answer:
         """One plain HTTP request (files, health, unary RPCs) with retries; body read.
 
         ``headers``: more headers than the sandbox's own; ``raw_headers`` instead: the
         request's complete headers as HTTP/2 sends them (built once by the callers here). See :func:`~._pool.fetch` (``shield``: a sent attempt runs to its answer; ``limit``:
-        read at most ``limit + 1`` bytes of the body).
+        read at most ``limit + 1`` bytes of the body; ``timeout``: each attempt's bound
+        instead of the client's ``request_timeout``).
 
         Raises:
             ConnectError: a status outside ``ok`` (after retries when transient).
@@ -280,7 +282,7 @@ class EnvdClient:
             body=content,
             ok=ok,
             idempotent=idempotent,
-            timeout=self.request_timeout,
+            timeout=self.request_timeout if timeout is None else timeout,
             policy=self.policy,
             stats=self.stats,
             rng=self.rng,
@@ -449,8 +451,13 @@ class EnvdClient:
             raise
         return True
 
-    async def write_file(self, path: str, data: bytes, *, user: str) -> None:
-        """``POST /files?path=...`` with an octet-stream body (overwrites; idempotent)."""
+    async def write_file(
+        self, path: str, data: bytes, *, user: str, not_after: float = math.inf
+    ) -> None:
+        """``POST /files?path=...`` with an octet-stream body (overwrites; idempotent).
+
+        A sent attempt runs to its answer even if cancelled, bounded by the request timeout
+        and by ``not_after`` (the caller's deadline, on trio's clock)."""
         await self.request(
             "POST",
             f"/files?path={quote(path, safe='/')}&username={quote(user, safe='')}",
@@ -460,6 +467,7 @@ class EnvdClient:
             ),
             idempotent=True,
             shield=True,
+            timeout=min(self.request_timeout, max(not_after - trio.current_time(), 0.001)),
         )
 
     async def read_file(self, path: str, *, user: str) -> bytes:

@@ -34,7 +34,14 @@ from ..._errors import (
     TrioSweError,
 )
 from .._background import PosArgs, start_in
-from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxSpec, SandboxStatistics
+from .._bounds import file_time_bound
+from .._types import (
+    DEFAULT_FILE_TIMEOUT_SEC,
+    DEFAULT_READ_MAX_BYTES,
+    ExecResult,
+    SandboxSpec,
+    SandboxStatistics,
+)
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from . import _connect, _wire
 from ._envd import DeadlinePassed, EnvdClient
@@ -464,9 +471,16 @@ class E2BSandbox:
     # --- files ---------------------------------------------------------------------------
 
     async def write_file(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        user: str | None = None,
+        mode: int | None = None,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> None:
-        """Create or replace ``path`` (parents created) via ``POST /files``."""
+        """Create or replace ``path`` (parents created) via ``POST /files``, within
+        ``timeout`` (a sent attempt runs to its answer, bounded by the request timeout)."""
         check_abs_path(path)
         user = check_user(user or "root")
         if isinstance(data, str):
@@ -476,8 +490,20 @@ class E2BSandbox:
         if mode is not None and not (isinstance(mode, int) and 0 <= mode <= 0o7777):
             raise InvalidArgumentError(f"mode must be an int in 0..0o7777, got {mode!r}")
         self._check_alive()
+        with file_time_bound("write", path, timeout) as not_after:
+            await self._write_file(path, data, user, mode, not_after)
+
+    async def _write_file(
+        self,
+        path: str,
+        data: bytes | bytearray | memoryview,
+        user: str,
+        mode: int | None,
+        not_after: float,
+    ) -> None:
         try:
-            await self._envd.write_file(path, bytes(data), user=user)
+            # envd's attempt runs shielded (to its answer): bounded by our deadline too.
+            await self._envd.write_file(path, bytes(data), user=user, not_after=not_after)
         except _connect.ConnectError as exc:
             refused = _refusal(exc, f"write_file {path!r} in sandbox {self._id}")
             if refused is not None:
@@ -499,15 +525,23 @@ class E2BSandbox:
         user: str | None = None,
         max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
         special: bool = False,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> bytes:
-        """The bytes of ``path``: ``Stat`` (unless ``special``), then a bounded ``GET /files``.
+        """The bytes of ``path``: ``Stat`` (unless ``special``), then a bounded ``GET /files``,
+        all within ``timeout``.
 
-        See :meth:`trio_swe.Sandbox.read_file` for the caps.
+        See :meth:`trio_swe.Sandbox.read_file` for the caps. A body shorter than the size the
+        ``Stat`` gave is an error, never returned as the file (a server may cut a body).
         """
         check_abs_path(path)
         check_read_args(max_bytes, special)
         user = check_user(user or "root")
         self._check_alive()
+        with file_time_bound("read", path, timeout):
+            return await self._read_file(path, user, max_bytes, special)
+
+    async def _read_file(self, path: str, user: str, max_bytes: int | None, special: bool) -> bytes:
+        size: int | None = None
         try:
             target = path
             if not special:
@@ -544,6 +578,13 @@ class E2BSandbox:
             raise await self._infra_error(exc, f"read_file {path}") from exc
         if over and max_bytes is not None:
             raise SandboxFileTooLargeError(path, max_bytes)
+        if size is not None and len(data) < size:
+            # envd answered 200/206 with a clean end but fewer bytes than the file has: a cut
+            # body (a server's own cap) or a file shrunk meanwhile. Neither is the file.
+            raise SandboxError(
+                f"read_file {path!r} in sandbox {self._id}: got {len(data)} of the "
+                f"{size} bytes the file has (the body was cut short, or the file shrank)"
+            )
         return data
 
     # --- lifecycle -----------------------------------------------------------------------

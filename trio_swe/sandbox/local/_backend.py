@@ -27,7 +27,7 @@ from ..oci._manifest import env_mapping
 from ..oci._unpack import read_file_in
 from ._image import ImageCache, check_local_image, commit_mismatch
 from ._rootfs import HostRootCache, PathState, lstat_state, mount_args, workdir_problem
-from ._sandbox import LocalSandbox, close_process_streams, kill_process_group
+from ._sandbox import LocalSandbox, kill_namespace, kill_process_group
 from ._trash import Trash, owner_gone
 from ._users import ROOT, SandboxUser, group_with, passwd_with, pick_agent_user
 
@@ -452,9 +452,7 @@ class LocalBackend(trio.abc.AsyncResource):
             self._stats["boot_failures"] += 1
             with trio.CancelScope(shield=True):
                 if bwrap is not None:
-                    kill_process_group(bwrap.pid)
-                    await bwrap.wait()
-                    await close_process_streams(bwrap)
+                    await kill_namespace(None, bwrap, what=f"failed boot {sid}")
                 await trio.to_thread.run_sync(shutil.rmtree, state, True)
             raise
         self._stats["created"] += 1

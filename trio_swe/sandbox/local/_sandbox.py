@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
@@ -22,12 +23,16 @@ from ..._errors import (
     SandboxPermissionError,
 )
 from .._background import PosArgs, start_in
-from .._types import DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
+from .._bounds import file_time_bound
+from .._types import DEFAULT_FILE_TIMEOUT_SEC, DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
 from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
 from .._writes import DENIED_STATUS, NOT_A_FILE_STATUS, WRITE_SCRIPT, write_args, write_error
 from ._process import LocalProcess, nsenter_argv, start_local_process
+from ._reap import children_of, comm_of, parent_of, reap_adopted_zombies, reap_pidfd
 from ._trash import Trash
 from ._users import ROOT, SandboxUser
+
+logger = logging.getLogger("trio_swe.sandbox")
 
 #: ``exec`` keeps at most this much output (the tail), so a runaway command cannot eat memory.
 MAX_EXEC_OUTPUT = 8 * 1024 * 1024
@@ -328,18 +333,25 @@ class LocalSandbox:
 
     # -- files ------------------------------------------------------------------------------
     async def write_file(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        user: str | None = None,
+        mode: int | None = None,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> None:
-        """Create or replace ``path`` as ``user`` (parents created)."""
+        """Create or replace ``path`` as ``user`` (parents created), within ``timeout``."""
         check_abs_path(path)
         payload = data.encode() if isinstance(data, str) else bytes(data)
-        status, _, err, _ = await self._run(
-            ["/bin/sh", "-c", WRITE_SCRIPT, "write_file", *write_args(path, mode)],
-            user=user,
-            cwd="/",
-            data=payload,
-            merge_stderr=False,
-        )
+        with file_time_bound("write", path, timeout):
+            status, _, err, _ = await self._run(
+                ["/bin/sh", "-c", WRITE_SCRIPT, "write_file", *write_args(path, mode)],
+                user=user,
+                cwd="/",
+                data=payload,
+                merge_stderr=False,
+            )
         error = write_error(status, path, user, err.decode(errors="replace").strip())
         if error is not None:
             raise error
@@ -352,25 +364,27 @@ class LocalSandbox:
         user: str | None = None,
         max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
         special: bool = False,
+        timeout: float | None = DEFAULT_FILE_TIMEOUT_SEC,
     ) -> bytes:
         """The bytes of ``path``; see :meth:`trio_swe.Sandbox.read_file` for the caps."""
         check_abs_path(path)
         check_read_args(max_bytes, special)
-        status, out, err, _ = await self._run(
-            [
-                "/bin/sh",
-                "-c",
-                _READ_SCRIPT,
-                "read_file",
-                path,
-                "" if max_bytes is None else str(max_bytes),
-                "1" if special else "",
-            ],
-            user=user,
-            cwd="/",
-            merge_stderr=False,
-            max_output=None,  # a file is returned whole or not at all; `head` bounds it
-        )
+        with file_time_bound("read", path, timeout):
+            status, out, err, _ = await self._run(
+                [
+                    "/bin/sh",
+                    "-c",
+                    _READ_SCRIPT,
+                    "read_file",
+                    path,
+                    "" if max_bytes is None else str(max_bytes),
+                    "1" if special else "",
+                ],
+                user=user,
+                cwd="/",
+                merge_stderr=False,
+                max_output=None,  # a file is returned whole or not at all; `head` bounds it
+            )
         detail = err.decode(errors="replace").strip()
         if status == _NOT_FOUND_STATUS:
             raise SandboxFileNotFoundError(f"{path}: no such file in sandbox {self._id}")
@@ -406,9 +420,11 @@ class LocalSandbox:
             try:
                 # The pid namespace's init: when it dies the kernel kills every process in the
                 # namespace, including daemons that called setsid.
-                await _kill_init(self._init_pid, also=lambda: kill_process_group(self._bwrap.pid))
-                await self._bwrap.wait()
-                await close_process_streams(self._bwrap)
+                outcome = await kill_namespace(
+                    self._init_pid, self._bwrap, what=f"local sandbox {self._id}"
+                )
+                self._stats["kill_reaped"] = outcome.reaped
+                self._stats["kill_timed_out"] = outcome.timed_out
                 for proc in list(self._processes):
                     await proc.aclose()
                 if self._trash is not None:
@@ -435,6 +451,9 @@ class LocalSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
         live_processes: processes started and not yet reaped.
         alive: the sandbox's init still runs.
         kill_sec: how long ``kill`` took, once it ran.
+        kill_reaped: processes of the sandbox that the kernel handed to us (we are a child
+            subreaper, or PID 1) and that the kill reaped.
+        kill_timed_out: the kill's wait for the namespace to be empty ran out (logged).
     """
 
     workspace_mode: str
@@ -446,36 +465,103 @@ class LocalSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
     live_processes: int
     alive: bool
     kill_sec: float | None = None
+    kill_reaped: int | None = None
+    kill_timed_out: bool | None = None
 
 
 #: How long a kill waits for the namespace's processes to be gone (one stuck in the kernel,
 #: e.g. on a dead network file system, must not hang the kill forever).
 _NAMESPACE_EXIT_SEC = 30.0
+#: The longest pause between two looks for adopted zombies while a kill waits.
+_REAP_STEP_MAX_SEC = 0.25
 
 
-async def _kill_init(pid: int, *, also: Callable[[], None]) -> None:
-    """SIGKILL a pid namespace's init (then run ``also``) and wait until the namespace is empty.
+def _bwrap_pidfds(leader: int, init_pid: int | None) -> list[int]:
+    """Pidfds of the outer ``bwrap`` (the boot shell's child, the init's parent), opened before
+    anything is killed: once its parent shell is killed it may become ours (see :mod:`._reap`)."""
+    pids = set(children_of(leader))
+    if init_pid is not None:
+        pids.add(parent_of(init_pid))
+    pids -= {0, 1, os.getpid(), leader}
+    fds = []
+    for pid in sorted(pids):
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue
+        # Opened on the pid we read: if it was recycled meanwhile, it is not bwrap.
+        if comm_of(pid) == "bwrap":
+            fds.append(fd)
+        else:
+            os.close(fd)
+    return fds
+
+
+async def kill_namespace(init_pid: int | None, leader: trio.Process, *, what: str) -> KillOutcome:
+    """SIGKILL a sandbox's pid-namespace init and its boot's process group (``leader``: the
+    shell that runs bwrap), wait until the namespace is empty, and reap what the kernel handed
+    to us (:mod:`._reap`). Already gone is fine.
 
     The kernel holds the init's exit until every other process of its namespace has been
     reaped, and a pidfd turns readable on that exit: so once it is readable, no daemon of the
     sandbox is left. Killing the init's parent (bwrap) returns sooner than that, so waiting on
-    bwrap alone leaves dying daemons behind for a moment. Already gone is fine.
+    bwrap alone leaves dying daemons behind for a moment. A process of the namespace that was
+    handed to us (we are a child subreaper, or PID 1) is reaped while we wait, or the init
+    would wait for it forever. The wait is bounded; running out of it is logged.
     """
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        also()
-        return
-    try:
+    fds = _bwrap_pidfds(leader.pid, init_pid)
+    init_fd = None
+    if init_pid is not None:
         try:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
+            init_fd = os.pidfd_open(init_pid)
         except ProcessLookupError:
             pass
-        also()
-        with trio.move_on_after(_NAMESPACE_EXIT_SEC):
-            await trio.lowlevel.wait_readable(fd)
+    waits = [fd for fd in (init_fd, *fds) if fd is not None]
+    reaped = 0
+    expired = False
+    try:
+        if init_fd is not None:
+            try:
+                signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        kill_process_group(leader.pid)
+        deadline = trio.current_time() + _NAMESPACE_EXIT_SEC
+        step = 0.005
+        for fd in waits:
+            while not expired:
+                reaped += reap_adopted_zombies()
+                with trio.move_on_at(min(deadline, trio.current_time() + step)) as scope:
+                    await trio.lowlevel.wait_readable(fd)
+                if not scope.cancelled_caught:
+                    break
+                expired = trio.current_time() >= deadline
+                step = min(2 * step, _REAP_STEP_MAX_SEC)
+        reaped += sum(reap_pidfd(fd) for fd in waits) + reap_adopted_zombies()
     finally:
-        os.close(fd)
+        for fd in waits:
+            os.close(fd)
+    if expired:
+        left = children_of(init_pid) if init_pid is not None else []
+        logger.warning(
+            "%s: its pid namespace was not empty %.0f s after the kill (init %s, its children "
+            "%s); going on without waiting longer",
+            what,
+            _NAMESPACE_EXIT_SEC,
+            init_pid,
+            left,
+        )
+    await leader.wait()
+    await close_process_streams(leader)
+    return KillOutcome(reaped=reaped, timed_out=expired)
+
+
+class KillOutcome(NamedTuple):
+    """What a :func:`kill_namespace` did: processes handed to us and reaped; whether the wait
+    for the namespace to empty ran out."""
+
+    reaped: int
+    timed_out: bool
 
 
 def kill_process_group(pgid: int) -> None:

@@ -94,6 +94,7 @@ class AppBase:
         domain: str,
         debug_template: str | None,
         user_aliases: Mapping[str, str],
+        serve_max_bytes: int,
     ) -> None:
         self.registry = registry
         self.plan = plan
@@ -106,6 +107,7 @@ class AppBase:
         self.domain = domain
         self.debug_template = debug_template
         self.user_aliases = dict(user_aliases)
+        self.serve_max_bytes = serve_max_bytes
         self._idempotent: dict[str, str] = {}
         self._create_locks: dict[str, trio.Lock] = {}
         self.stats = Stats()

@@ -22,7 +22,7 @@ from ._faults import Fault
 from ._multipart import MultipartError, boundary_of, parse_multipart
 from ._registry import SandboxEntry
 
-#: The most a GET without a Range reads (the test server keeps a body in memory).
+#: The most a GET reads by default (the test server keeps a body in memory).
 SERVE_MAX_BYTES: Final = 1 << 30
 _RANGE = re.compile(r"^bytes=0-(\d+)$")
 
@@ -33,7 +33,9 @@ def _range_limit(header: str | None) -> int | None:
     return int(m.group(1)) + 1 if m else None
 
 
-async def _serve_bytes(entry: SandboxEntry, full: str, user: str, limit: int | None) -> bytes:
+async def _serve_bytes(
+    entry: SandboxEntry, full: str, user: str, limit: int | None, serve_max: int
+) -> bytes:
     """What envd's download sends: anything it can open (a device, a FIFO: it blocks), up to
     ``limit`` bytes; a directory is a 400. Cancelled, the reader is killed."""
     sb = entry.sandbox
@@ -45,7 +47,7 @@ async def _serve_bytes(entry: SandboxEntry, full: str, user: str, limit: int | N
         raise SandboxFileNotFoundError(full)
     if probe.exit_code == 45:
         raise SandboxError(f"path '{full}' is a directory")
-    cap = SERVE_MAX_BYTES if limit is None else min(limit, SERVE_MAX_BYTES)
+    cap = serve_max if limit is None else min(limit, serve_max)
     proc = await entry.host.start_process(["head", "-c", str(cap), "--", full], user=user, cwd="/")
     data = bytearray()
     try:
@@ -97,7 +99,7 @@ class FileRoutes(AppBase):
             full = self._abs_path(path, user)
             limit = _range_limit(req.headers.get("range"))
             try:
-                data = await _serve_bytes(entry, full, user, limit)
+                data = await _serve_bytes(entry, full, user, limit, self.serve_max_bytes)
             except SandboxFileNotFoundError:
                 await req.respond_json(404, {"code": 404, "message": f"path '{full}' not found"})
                 return

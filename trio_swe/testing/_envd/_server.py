@@ -20,6 +20,7 @@ from ..._errors import ConfigError, InvalidArgumentError
 from ...sandbox._protocol import Backend
 from ._app import EnvdApp, FaultHandoff, is_abort
 from ._faults import FaultPlan
+from ._files import SERVE_MAX_BYTES
 from ._h2proxy import FaultProxyStatistics
 from ._hypercorn import serve_connections
 from ._registry import SandboxRegistry
@@ -211,6 +212,7 @@ async def open_envd_server(
     ca: Any | None = None,
     user_aliases: Mapping[str, str] | None = None,
     lean_http2: bool = False,
+    serve_max_bytes: int = SERVE_MAX_BYTES,
 ) -> AsyncIterator[EnvdServer]:
     """Serve E2B's REST lifecycle API and envd's process/file APIs on loopback.
 
@@ -249,6 +251,9 @@ async def open_envd_server(
             of hypercorn (which at thousands of streams queues requests and replies in its
             per-frame awaits: the server, not the client, becomes what a load test measures).
             TLS only, no fault proxy (frame faults need hypercorn behind the proxy).
+        serve_max_bytes: the most a ``GET /files`` sends (default 1 GiB: the server keeps a
+            body in memory); a larger file's body is cut there, ending cleanly, as a server
+            with a cap of its own does.
 
     Yields:
         The running :class:`EnvdServer`.
@@ -295,6 +300,7 @@ async def open_envd_server(
                 domain=domain,
                 debug_template=debug_template,
                 user_aliases={"user": "agent"} if user_aliases is None else user_aliases,
+                serve_max_bytes=serve_max_bytes,
             )
             config = Config()
             config.accesslog = None

@@ -245,7 +245,13 @@ class SyntheticSandbox:
         return ExecResult(exit_code=status, output=proc.output.decode(errors="replace"))
 
     async def write_file(
-        self, path: str, data: bytes | str, *, user: str | None = None, mode: int | None = None
+        self,
+        path: str,
+        data: bytes | str,
+        *,
+        user: str | None = None,
+        mode: int | None = None,
+        timeout: float | None = None,
     ) -> None:
         self._alive()
         self.files[path] = data.encode() if isinstance(data, str) else bytes(data)
@@ -258,6 +264,7 @@ class SyntheticSandbox:
         user: str | None = None,
         max_bytes: int | None = DEFAULT_READ_MAX_BYTES,
         special: bool = False,
+        timeout: float | None = None,
     ) -> bytes:
         self._alive()
         data = self._lookup(path)
