@@ -114,6 +114,8 @@ from trio_swe.config import (  # noqa: E402
 
 #: Values every option of its kind refuses.
 _BAD_STRINGS = {
+    "SWE_ILL_FORMED_POLICY": ["drop", "MASK"],
+    "SWE_POLICY_API": ["openai", "vLLM"],
     "SWE_BACKEND": ["no-such-backend"],
     "SWE_TRAIN_PROTOCOL": ["no-such-protocol"],
     "SWE_EVAL_PROTOCOL": ["no-such-protocol"],

@@ -23,6 +23,7 @@ _OPTION_PATHS = {
     "rollout_guard_sec": "episode.rollout_guard_sec",
     "guard_headroom_sec": "episode.guard_headroom_sec",
     "max_context_tokens": "episode.max_context_tokens",
+    "ill_formed_policy": "episode.ill_formed_policy",
     "boot_concurrency": "boot.concurrency",
     "boot_retries": "boot.retries",
     "boot_backoff_sec": "boot.backoff_sec",

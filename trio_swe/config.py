@@ -9,6 +9,7 @@ struct                  ``SweConfig`` field    layer
 :class:`EpisodeBudgets`  ``episode``           one episode's budgets and its sample cap
 :class:`BootPolicy`     ``boot``               booting sandboxes: concurrency, retries, backoff
 :class:`BashAgentOptions`  ``bash``            the built-in bash agent and its policy server
+:class:`PolicyOptions`  ``policy``             the policy server's API and the sampling options
 :class:`NpmOptions`     ``npm``                CLI agents shipped as npm packages
 :class:`RayOptions`     ``ray``                slime's episodes on a shared pool of Ray workers
 ======================  =====================  ==================================================
@@ -36,11 +37,20 @@ variable                       meaning                                          
 ``SWE_ROLLOUT_GUARD_SEC``      outer bound of an episode; 0 = agent+setup+eval+headroom  0
 ``SWE_GUARD_HEADROOM_SEC``     added to the computed guard (boot, patch, kill)          180
 ``SWE_MAX_CONTEXT_TOKENS``     cap of a sample's tokens; 0 = no cap                     0
+``SWE_ILL_FORMED_POLICY``      ill-formed turns: ``mask`` (context, loss 0) or         mask
+                               ``train`` (trained like the others)
 ``SWE_BOOT_CONCURRENCY``       sandboxes booting at once, shared by all episodes        16
 ``SWE_BOOT_RETRIES``           boot retries after the first attempt                     2
 ``SWE_BOOT_BACKOFF_SEC``       base of the full-jitter exponential boot backoff         1.0
 ``SWE_BOOT_BACKOFF_MAX_SEC``   cap of one boot backoff                                  30
 ``SWE_POLICY_URL``             base URL (http/https) of the SGLang server               http://127.0.0.1:30000
+``SWE_POLICY_API``             the policy server's API: ``sglang``, ``vllm``             sglang
+                               (``/inference/v1/generate``), ``vllm-completions``
+``SWE_TEMPERATURE``            sampling temperature of every policy call                1.0
+``SWE_TOP_P``                  nucleus sampling's p (1: off)                             1.0
+``SWE_MAX_NEW_TOKENS``         cap of one turn's sampled tokens; 0 = the agent's own     0
+``SWE_SEED``                   the run's base seed (each episode and turn derives its   none
+                               own from it); ``none``: the engine's own randomness
 ``SWE_MAX_TURNS``              turn limit of the bash agent                             50
 ``SWE_COMMAND_TIMEOUT_SEC``    limit of one bash-agent command                          300
 ``SWE_OBSERVATION_MAX_CHARS``  tail of a command's output shown to the policy           4000
@@ -91,7 +101,7 @@ import math
 import os
 import typing
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -169,6 +179,8 @@ class EpisodeBudgets(_Options, frozen=True, kw_only=True):
         rollout_guard_sec: outer bound of one episode; 0 means :attr:`guard_sec` is computed.
         guard_headroom_sec: added to the agent, setup and eval budgets for the computed guard.
         max_context_tokens: cap of a sample's tokens (``0``: no cap).
+        ill_formed_policy: ``mask`` keeps an ill-formed turn's tokens as context (loss 0; a
+            sample with no trained token is dropped), ``train`` trains them like any other.
     """
 
     agent_time_budget_sec: Annotated[Seconds, env("SWE_AGENT_TIME_BUDGET_SEC")] = 1800.0
@@ -177,6 +189,9 @@ class EpisodeBudgets(_Options, frozen=True, kw_only=True):
     rollout_guard_sec: Annotated[SecondsOrZero, env("SWE_ROLLOUT_GUARD_SEC")] = 0.0
     guard_headroom_sec: Annotated[SecondsOrZero, env("SWE_GUARD_HEADROOM_SEC")] = 180.0
     max_context_tokens: Annotated[Count, env("SWE_MAX_CONTEXT_TOKENS")] = 0
+    ill_formed_policy: Annotated[
+        Literal["mask", "train"], env("SWE_ILL_FORMED_POLICY")
+    ] = "mask"
 
     @property
     def guard_sec(self) -> float:
@@ -240,6 +255,42 @@ class BashAgentOptions(_Options, frozen=True, kw_only=True):
                 raise ConfigError(
                     f"tool_parser {self.tool_parser!r}: choose auto or one of {', '.join(choices)}"
                 )
+
+
+class PolicyOptions(_Options, frozen=True, kw_only=True):
+    """The policy server's API and the sampling options of every call (the URL is
+    ``bash.policy_url``, ``SWE_POLICY_URL``).
+
+    Attributes:
+        api: ``sglang`` (``/generate``), ``vllm`` (``/inference/v1/generate``) or
+            ``vllm-completions`` (``/v1/completions`` with prompt ids).
+        temperature: sampling temperature.
+        top_p: nucleus sampling's p (1: off).
+        max_new_tokens: cap of one turn's sampled tokens; 0 leaves it to the agent.
+        seed: the run's base seed; None leaves sampling to the engine's own randomness.
+    """
+
+    api: Annotated[Name, env("SWE_POLICY_API")] = "sglang"
+    temperature: Annotated[float, env("SWE_TEMPERATURE", ge=0, le=100)] = 1.0
+    top_p: Annotated[float, env("SWE_TOP_P", gt=0, le=1)] = 1.0
+    max_new_tokens: Annotated[Count, env("SWE_MAX_NEW_TOKENS")] = 0
+    seed: Annotated[Count | None, env("SWE_SEED", none="none")] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        from .policy import POLICY_APIS
+
+        if self.api not in POLICY_APIS:
+            raise ConfigError(f"policy api {self.api!r}: choose one of {', '.join(POLICY_APIS)}")
+
+    def sampling_params(self) -> dict[str, Any]:
+        """The sampling parameters (SGLang's names) these options set."""
+        params: dict[str, Any] = {"temperature": self.temperature, "top_p": self.top_p}
+        if self.max_new_tokens:
+            params["max_new_tokens"] = self.max_new_tokens
+        if self.seed is not None:
+            params["seed"] = self.seed
+        return params
 
 
 #: Cap of one wait between npm install attempts (the backoff's base is ``NPM_INSTALL_BACKOFF_SEC``).
@@ -321,6 +372,7 @@ class SweConfig(_Options, frozen=True, kw_only=True):
         episode: the episode's budgets, :class:`EpisodeBudgets`.
         boot: how sandboxes boot, :class:`BootPolicy`.
         bash: the bash agent and its policy server, :class:`BashAgentOptions`.
+        policy: the policy server's API and the sampling options, :class:`PolicyOptions`.
         npm: CLI agents from npm, :class:`NpmOptions`.
         ray: slime's episodes on a shared pool of Ray workers, :class:`RayOptions`.
     """
@@ -332,6 +384,7 @@ class SweConfig(_Options, frozen=True, kw_only=True):
     episode: EpisodeBudgets = msgspec.field(default_factory=EpisodeBudgets)
     boot: BootPolicy = msgspec.field(default_factory=BootPolicy)
     bash: BashAgentOptions = msgspec.field(default_factory=BashAgentOptions)
+    policy: PolicyOptions = msgspec.field(default_factory=PolicyOptions)
     npm: NpmOptions = msgspec.field(default_factory=NpmOptions)
     ray: RayOptions = msgspec.field(default_factory=RayOptions)
 

@@ -526,6 +526,7 @@ class _Episode:
         builder = SampleBuilder(
             max_sample_tokens=self.config.episode.max_context_tokens or None,
             append_only=self.agent.append_only,
+            ill_formed_policy=self.config.episode.ill_formed_policy,
         )
         for turn in outcome.turns:
             builder.add(turn)

@@ -330,6 +330,8 @@ class CliAgent(BaseAgent):
         extra_env: more environment for the agent.
         own_policy: :meth:`aclose` closes the policy (the registry's agents own theirs).
         wrapper: a command the CLI runs under (e.g. ``strace -f -e trace=connect -o FILE``).
+        sampling_params: the trainer's sampling parameters (SGLang's names) under each task's
+            own: every policy call of the gateway's session uses them.
     """
 
     append_only = False  # the gateway forks where a client rewrites its history
@@ -351,6 +353,7 @@ class CliAgent(BaseAgent):
         extra_env: Mapping[str, str] | None = None,
         own_policy: bool = False,
         wrapper: Sequence[str] = (),
+        sampling_params: Mapping[str, Any] | None = None,
     ) -> None:
         if name not in CLI_AGENTS:
             raise ConfigError(
@@ -370,6 +373,8 @@ class CliAgent(BaseAgent):
         self.extra_env = dict(extra_env or {})
         self.own_policy = own_policy
         self.wrapper = list(wrapper)
+        #: Under each task's own sampling parameters (the run's temperature, seed, ...).
+        self.sampling_params = dict(sampling_params or {})
         self.last_session: Any = None  # the last episode's GatewaySession (for tests, tools)
         self.last_gateway: Any = None  # and the gateway that served it
 
@@ -415,7 +420,7 @@ class CliAgent(BaseAgent):
             self._gateway() as gw,
             gw.session(
                 task.session_id,
-                sampling_params=task.sampling_params,
+                sampling_params={**self.sampling_params, **task.sampling_params},
                 max_context_tokens=task.max_context_tokens,
             ) as session,
         ):
@@ -523,7 +528,7 @@ class CliAgent(BaseAgent):
 def _cli_factory(name: str) -> AgentFactory:
     def factory(config: SweConfig) -> Agent:
         from ..models import load_tokenizer
-        from ..policy import SGLangPolicy
+        from ..policy import open_policy, vocabulary_size
 
         path = config.bash.tokenizer
         if not path:
@@ -531,10 +536,14 @@ def _cli_factory(name: str) -> AgentFactory:
                 f"SWE_AGENT={name} records its turns through the gateway, which renders them "
                 "with the checkpoint's chat template: set SWE_TOKENIZER to the checkpoint folder"
             )
+        tokenizer = load_tokenizer(path)
         return CliAgent(
             name,
-            policy=SGLangPolicy(config.bash.policy_url),
-            tokenizer=load_tokenizer(path),
+            policy=open_policy(
+                config.policy.api, config.bash.policy_url, vocab_size=vocabulary_size(tokenizer)
+            ),
+            tokenizer=tokenizer,
+            sampling_params=config.policy.sampling_params(),
             tool_parser=config.bash.tool_parser,
             own_policy=True,
         )

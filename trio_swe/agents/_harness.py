@@ -219,7 +219,7 @@ class NpmCliAgent(BaseAgent):
 
 
 def _bash_factory(config: SweConfig) -> Agent:
-    from ..policy import ByteTokenizer, SGLangPolicy, Tokenizer
+    from ..policy import ByteTokenizer, Tokenizer, open_policy, vocabulary_size
     from ._bash_agent import BashAgent
 
     tokenizer: Tokenizer | ChatModel
@@ -232,8 +232,11 @@ def _bash_factory(config: SweConfig) -> Agent:
     else:
         tokenizer = ByteTokenizer()
     return BashAgent(
-        SGLangPolicy(config.bash.policy_url),
+        open_policy(
+            config.policy.api, config.bash.policy_url, vocab_size=vocabulary_size(tokenizer)
+        ),
         tokenizer,
+        sampling_params=config.policy.sampling_params(),
         max_turns=config.bash.max_turns,
         command_timeout_sec=config.bash.command_timeout_sec,
         observation_max_chars=config.bash.observation_max_chars,

@@ -42,6 +42,9 @@ Route = Literal["generate", "completions"]
 _RENAMED: Final = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 #: Set by the client, whatever the caller asks: one sequence, the sampled token's log-prob only.
 _OWNED: Final = frozenset({"n", "logprobs", "prompt_logprobs"})
+#: SGLang's options about its text output or its reply, meaningless for token output (vLLM
+#: refuses unknown fields): dropped.
+_TEXT_ONLY: Final = frozenset({"no_stop_trim", "return_logprob", "return_text_in_logprobs"})
 
 #: Bound on the shielded abort sent when a generation is cancelled.
 ABORT_TIMEOUT_SEC = 5.0
@@ -58,6 +61,8 @@ def vllm_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for key, value in params.items():
+        if key in _TEXT_ONLY:
+            continue
         if key in _OWNED:
             if key == "n" and value not in (None, 1):
                 raise InvalidArgumentError(f"sampling_params n={value!r}: one sequence per call")

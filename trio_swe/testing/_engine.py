@@ -321,7 +321,9 @@ class VLLMEngineProcess:
         self.stop()
 
 
-if __name__ == "__main__":  # pragma: no cover - a manual start: python -m trio_swe.testing._engine DIR
+if (
+    __name__ == "__main__"
+):  # pragma: no cover - a manual start: python -m trio_swe.testing._engine DIR
     ckpt = build_checkpoint(Path(sys.argv[1]))
     with VLLMEngineProcess(ckpt, workdir=ckpt.parent) as e:
         print(e.url, flush=True)

@@ -1,0 +1,154 @@
+"""VLLMPolicy against a real vLLM: ids and log-probs as sampled, on both routes, streamed or not;
+log-probs that a re-score with the checkpoint's weights gives back; cancellation that aborts."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+
+from trio_swe.models import ChatModel
+from trio_swe.policy import PolicyError, VLLMPolicy
+from trio_swe.testing._engine import VLLMEngine
+from trio_swe.testing._rescore import RescoreRequest, rescore
+
+#: What a trainer re-scoring a sample must get back (float32 on both sides: ~2e-5 measured).
+RESCORE_TOLERANCE = 1e-3
+
+
+def prompt_ids(checkpoint: Path, text: str = "Fix the failing test in calc.py.") -> list[int]:
+    model = ChatModel.from_checkpoint(checkpoint)
+    return model.encode(
+        model.render([{"role": "user", "content": text}], add_generation_prompt=True)
+    )
+
+
+async def metric(engine: VLLMEngine, name: str, **labels: str) -> float:
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{engine.url}/metrics")).text
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{"):
+            continue
+        if all(f'{k}="{v}"' in line for k, v in labels.items()):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+async def until(engine: VLLMEngine, name: str, done: Callable[[float], bool]) -> None:
+    """Poll the engine's own gauge (another process: there is nothing to wait on) until done."""
+    while not done(await metric(engine, name)):  # noqa: ASYNC110
+        await trio.sleep(0.05)
+
+
+@pytest.mark.parametrize("route", ["generate", "completions"])
+async def test_a_seeded_generation_is_the_same_on_every_route_streamed_or_not(
+    engine: VLLMEngine, checkpoint: Path, route: str
+) -> None:
+    ids = prompt_ids(checkpoint)
+    params = {"max_new_tokens": 24, "temperature": 1.0, "seed": 11}
+    async with VLLMPolicy(engine.url, vocab_size=151669) as reference:
+        want = await reference.generate(ids, params)
+    assert len(want.output_ids) == len(want.log_probs) > 0
+    assert all(lp <= 0 and math.isfinite(lp) for lp in want.log_probs)
+    assert want.finish_reason in ("stop", "length")
+
+    async with VLLMPolicy(engine.url, route=route, vocab_size=151669) as policy:  # type: ignore[arg-type]
+        assert await policy.generate(ids, params) == want
+        pieces: list[list[int]] = []
+
+        async def on_tokens(new: list[int]) -> None:
+            pieces.append(new)
+
+        streamed = await policy.generate_stream(ids, params, on_tokens=on_tokens)
+        assert streamed == want
+        assert [t for piece in pieces for t in piece] == want.output_ids
+        stats = policy.statistics()
+        assert (stats.requests, stats.errors, stats.aborts) == (2, 0, 0)
+        assert stats.output_tokens == 2 * len(want.output_ids)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+async def test_rollout_log_probs_are_what_the_weights_give_at_the_sampling_temperature(
+    engine: VLLMEngine, checkpoint: Path, temperature: float
+) -> None:
+    ids = prompt_ids(checkpoint)
+    async with VLLMPolicy(engine.url, vocab_size=151669) as policy:
+        outs = [
+            await policy.generate(
+                ids, {"max_new_tokens": 64, "temperature": temperature, "seed": s}
+            )
+            for s in range(3)
+        ]
+    requests = [
+        RescoreRequest(tokens=ids + out.output_ids, temperature=temperature) for out in outs
+    ]
+    worst = 0.0
+    for out, scored in zip(outs, rescore(checkpoint, requests), strict=True):
+        tail = scored[len(ids) :]
+        assert len(tail) == len(out.log_probs)
+        worst = max(worst, *(abs(a - b) for a, b in zip(out.log_probs, tail, strict=True)))
+    assert worst <= RESCORE_TOLERANCE, worst
+    # The check has teeth: at T = 0.7 the raw logits' log-probs are far off.
+    if temperature != 1.0:
+        raw = rescore(checkpoint, [RescoreRequest(tokens=requests[0].tokens, temperature=1.0)])
+        off = max(abs(a - b) for a, b in zip(outs[0].log_probs, raw[0][len(ids) :], strict=True))
+        assert off > 10 * RESCORE_TOLERANCE
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+async def test_a_cancelled_generation_is_aborted_on_the_engine(
+    engine: VLLMEngine, checkpoint: Path, streamed: bool
+) -> None:
+    ids = prompt_ids(checkpoint)
+    params = {"max_new_tokens": 4000, "temperature": 1.0, "ignore_eos": True}
+    # vLLM counts no aborted request among its finished ones: the proof that the engine dropped
+    # it is that nothing runs any more, long before its 4000 tokens, and none finished.
+    finished_before = await metric(engine, "vllm:request_success_total")
+    tokens_before = await metric(engine, "vllm:generation_tokens_total")
+    async with VLLMPolicy(engine.url, vocab_size=151669) as policy:
+        started = trio.Event()
+
+        async def on_tokens(new: list[int]) -> None:
+            started.set()
+
+        async def watch_running() -> None:
+            await until(engine, "vllm:num_requests_running", lambda running: running >= 1)
+            started.set()
+
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                if streamed:
+                    nursery.start_soon(
+                        lambda: policy.generate_stream(ids, params, on_tokens=on_tokens)
+                    )
+                else:
+                    nursery.start_soon(policy.generate, ids, params)
+                    nursery.start_soon(watch_running)
+                await started.wait()
+                nursery.cancel_scope.cancel()
+        assert policy.statistics().aborts == 1
+    with trio.fail_after(60):
+        await until(engine, "vllm:num_requests_running", lambda running: running == 0)
+    assert await metric(engine, "vllm:num_requests_waiting") == 0
+    assert await metric(engine, "vllm:request_success_total") == finished_before
+    assert await metric(engine, "vllm:generation_tokens_total") - tokens_before < 4000
+
+
+async def test_engine_refusals_and_bad_replies_are_policy_errors_naming_engine_and_request(
+    engine: VLLMEngine, checkpoint: Path
+) -> None:
+    ids = prompt_ids(checkpoint)
+    # A prompt past --max-model-len: the engine's 400, named.
+    async with VLLMPolicy(engine.url, vocab_size=151669) as policy:
+        with pytest.raises(PolicyError, match=r"vLLM at http://127\.0\.0\.1:\d+ .*HTTP 400"):
+            await policy.generate([1] * 41000, {"max_new_tokens": 4})
+    # Ids outside the vocabulary the caller knows: refused, never a sample.
+    async with VLLMPolicy(engine.url, vocab_size=10) as policy:
+        with pytest.raises(PolicyError, match=r"request trio-swe-\w+\).*outside the vocabulary"):
+            await policy.generate(ids, {"max_new_tokens": 8, "seed": 1})
+        assert policy.statistics().errors == 1
