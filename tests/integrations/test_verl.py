@@ -5,7 +5,13 @@ The loop is built as verl's worker builds it (``hydra.utils.instantiate`` of the
 ``LLMServerClient``: :class:`VLLMServerClient` against the engine, recorded at that handle.
 """
 
+# ruff: noqa: E402  (the skip outside nox -s verl comes before verl's imports)
+
 from __future__ import annotations
+
+from .conftest import require_trainer
+
+require_trainer("verl")
 
 import asyncio
 import time
