@@ -21,6 +21,9 @@ from trio_swe.config import replace_option
 from ..test_episode_support import assert_nothing_left, build_demo
 from .support import rescore_worst, swe_config
 
+#: Rows longer than this are not re-scored (memory: full-vocabulary float32 logits).
+RESCORE_MAX_TOKENS = 8192
+
 
 def _trained(prompt: list[int], response: list[int], mask: list[int], lps: list[float]) -> Any:
     start = len(prompt)
@@ -108,11 +111,14 @@ def main() -> None:
             wall = time.monotonic() - started
             aborted = [reason for flag, reason, _ in rows if flag]
             kept = [t for flag, _, t in rows if not flag and t[1]]
-            worst = rescore_worst(ckpt, kept, temperature=1.0) if kept else float("nan")
             trained = sum(len(t[1]) for t in kept)
+            # The re-score computes full-vocabulary logits: ~11 GB for a 20k-token CLI prompt.
+            short = [t for t in kept if len(t[0]) <= RESCORE_MAX_TOKENS]
+            worst = rescore_worst(ckpt, short, temperature=1.0) if short else float("nan")
             print(
                 f"{trainer} {agent}: {len(rows)} episodes ({len(aborted)} aborted), {trained} "
-                f"trained tokens, max |rollout - re-score| = {worst:.2e}, {wall:.1f} s",
+                f"trained tokens, max |rollout - re-score| = {worst:.2e} over "
+                f"{sum(len(t[1]) for t in short)} of them, {wall:.1f} s",
                 flush=True,
             )
             for reason in aborted[:2]:
