@@ -100,3 +100,21 @@ def test_lru_keeps_the_most_recently_used() -> None:
     assert len(cache) == 3
     with pytest.raises(ValueError, match="maxsize"):
         Lru(0)
+
+
+def test_lru_bounded_by_bytes_evicts_the_oldest_until_the_bytes_fit() -> None:
+    cache: Lru[str, int] = Lru(100, max_bytes=10)
+    cache.put("a", 1, nbytes=4)
+    cache.put("b", 2, nbytes=4)
+    assert cache.nbytes == 8
+    cache.get("a")  # a is now the most recent
+    cache.put("c", 3, nbytes=5)  # 13 > 10: b goes (the least recent), then it fits
+    assert ("a" in cache, "b" in cache, "c" in cache) == (True, False, True)
+    assert cache.nbytes == 9
+    cache.put("a", 10, nbytes=1)  # an update re-weighs its entry
+    assert cache.nbytes == 6
+    cache.put("huge", 4, nbytes=11)  # over the bound alone: not kept, nothing evicted
+    assert "huge" not in cache
+    assert cache.nbytes == 6
+    cache.pop("c")
+    assert (len(cache), cache.nbytes) == (1, 1)

@@ -58,6 +58,7 @@ __all__ = [
     "SetupFailedError",
     "SpecBuildError",
     "TemplateError",
+    "TokenLimitError",
     "TrioSweError",
 ]
 
@@ -269,6 +270,21 @@ class NotAppendOnlyError(TrioSweError):
     re-renders earlier turns, e.g. Qwen3 drops their reasoning once a user message follows).
     The caller forks (:meth:`trio_swe.models.TokenHistory.fork`): a new history from the whole
     conversation, instead of pretending the old tokens are still the prompt."""
+
+
+class TokenLimitError(TrioSweError):
+    """A text or conversation holds more tokens than a cap allows; it was refused before it was
+    tokenized whole (its length in characters alone says so, or the pieces tokenized so far).
+
+    Attributes:
+        tokens: a lower bound of its length in tokens (the exact count was never needed).
+        limit: the cap.
+    """
+
+    def __init__(self, tokens: int, limit: int) -> None:
+        super().__init__(f"at least {tokens} tokens, over the cap of {limit}")
+        self.tokens = tokens
+        self.limit = limit
 
 
 class SampleDecodeError(TrioSweError, ValueError):

@@ -3,6 +3,7 @@ checks that a CLI episode's samples are token-exact."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any
@@ -100,3 +101,34 @@ def assert_token_exact(
     )
     golden = list(golden["input_ids"] if hasattr(golden, "keys") else golden)
     assert turns[-1].prompt_ids_list() == golden
+
+
+class WatchedTokenizer:
+    """Qwen3's tokenizer, counting what it encodes, and holding any encode of a text that
+    holds ``marker`` until ``release`` is set (``held`` is set then): a test sees a request
+    *while* it tokenizes, by ordering, not by timing. Everything else is the tokenizer's."""
+
+    def __init__(self, marker: str = "\x00never\x00") -> None:
+        self._inner = qwen3_tokenizer()
+        self.marker = marker
+        self.encoded_chars = 0
+        self.encodes = 0
+        self.held = threading.Event()
+        self.release = threading.Event()
+        self._lock = threading.Lock()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def encode(self, text: str, **kwargs: Any) -> Any:
+        with self._lock:
+            self.encoded_chars += len(text)
+            self.encodes += 1
+        if self.marker in text:
+            self.held.set()
+            if not self.release.wait(300):  # a hang guard: the test releases it
+                raise RuntimeError("WatchedTokenizer: never released")
+        return self._inner.encode(text, **kwargs)

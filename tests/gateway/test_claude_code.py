@@ -57,3 +57,7 @@ async def test_claude_code_demo_episode_is_token_exact(tmp_path: Path) -> None:
     names = sorted(t["function"]["name"] for t in session.tools()[0])
     assert names == ["Bash", "Edit", "Read", "Write"]
     assert server.statistics().generations == 4
+    # Its billing header line (a system block of its own) is neither rendered nor trained.
+    prompt = qwen3_tokenizer().decode(session.turns()[0].prompt_ids_list())
+    assert "x-anthropic-billing-header" not in prompt
+    assert "Claude" in prompt

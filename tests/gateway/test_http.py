@@ -3,6 +3,7 @@ each API's shapes, history matching, bad input, faults, many sessions."""
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -18,6 +19,7 @@ from trio_swe import SampleBuilder
 from trio_swe.demo import ScriptedCompletion
 from trio_swe.demo._cli_scripts import tool_call_text
 from trio_swe.gateway import Gateway, open_gateway
+from trio_swe.models import ChatModel
 from trio_swe.policy import PolicyError, PolicyOutput, SGLangPolicy
 
 from ._support import qwen3_tokenizer, sampled_ids, scripted_policy
@@ -383,6 +385,89 @@ async def test_bad_input_is_an_error_in_each_apis_shape_and_records_nothing() ->
         assert bystander.statistics().requests == 0
 
 
+def assert_error_shape(path: str, r: httpx.Response) -> None:
+    """``r`` is an error in the dialect's own shape (Anthropic's, or OpenAI's)."""
+    body = r.json()
+    assert isinstance(body["error"]["type"], str), r.text
+    assert body["error"]["message"], r.text
+    if "/messages" in path:
+        assert body["type"] == "error", r.text
+    else:
+        assert set(body["error"]) >= {"message", "type", "param", "code"}, r.text
+
+
+async def test_a_lone_surrogate_is_a_400_in_each_apis_shape() -> None:
+    # JSON may spell "\ud800" alone; the tokenizer raised TypeError on it (an empty 500).
+    lone = "see \ud800 here"
+    anthropic_tool = {"name": "read_file", "input_schema": READ["function"]["parameters"]}
+    bodies: list[tuple[str, dict[str, Any]]] = [
+        ("/v1/chat/completions", chat_body([{"role": "user", "content": lone}])),
+        (
+            "/v1/chat/completions",
+            chat_body(
+                [{"role": "user", "content": TASK}],
+                tools=[{**READ, "function": {**READ["function"], "name": "r\udc00"}}],
+            ),
+        ),
+        (
+            "/v1/messages",
+            {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": lone}]},
+        ),
+        (
+            "/v1/messages",
+            {
+                "model": "m",
+                "max_tokens": 9,
+                "messages": [{"role": "user", "content": TASK}],
+                "tools": [{**anthropic_tool, "name": "\ud800"}],
+            },
+        ),
+        (
+            "/v1/messages/count_tokens",
+            {"model": "m", "messages": [{"role": "user", "content": lone}]},
+        ),
+        (
+            "/v1/responses",
+            {"model": "m", "input": lone, "tools": [{**READ["function"], "type": "function"}]},
+        ),
+    ]
+    async with gateway() as (gw, client, server):
+        session = gw.open_session("ep-surrogate")
+        headers = {"authorization": f"Bearer {session.api_key}", "x-api-key": session.api_key}
+        for path, body in bodies:
+            # json.dumps escapes the surrogate as \\ud800, as a client's JSON encoder does.
+            r = await client.post(path, content=json.dumps(body).encode(), headers=headers)
+            assert r.status_code == 400, (path, r.status_code, r.text)
+            assert_error_shape(path, r)
+            assert "surrogate" in r.text
+        # A valid pair (an emoji, escaped) is text, not an error.
+        emoji = chat_body([{"role": "user", "content": TASK + " \ud83d\ude00"}])
+        r = await client.post(
+            "/v1/chat/completions", content=json.dumps(emoji).encode(), headers=headers
+        )
+        assert r.status_code == 200, r.text
+        assert server.statistics().generations == 1
+
+
+async def test_claude_codes_billing_header_is_not_rendered() -> None:
+    header = "x-anthropic-billing-header: cc_version=2.1.197.a1b; cc_entrypoint=sdk-cli;"
+    body = {
+        "model": "m",
+        "max_tokens": 256,
+        "system": [{"type": "text", "text": header}, {"type": "text", "text": SYSTEM}],
+        "messages": [{"role": "user", "content": TASK}],
+        "tools": [{"name": "read_file", "input_schema": READ["function"]["parameters"]}],
+    }
+    async with gateway() as (gw, client, _):
+        session = gw.open_session("ep-billing")
+        r = await client.post("/v1/messages", json=body, headers={"x-api-key": session.api_key})
+        assert r.status_code == 200, r.text
+        (turn,) = session.turns()
+        prompt = qwen3_tokenizer().decode(turn.prompt_ids_list())
+        assert "x-anthropic-billing-header" not in prompt
+        assert session.conversations()[0][0] == {"role": "system", "content": SYSTEM}
+
+
 async def test_context_overflow_is_the_apis_error_and_a_truncated_sample() -> None:
     async with gateway() as (gw, client, server):
         session = gw.open_session("ep-overflow", max_context_tokens=400)
@@ -581,7 +666,7 @@ async def test_rewritten_history_forks_and_the_builder_says_so() -> None:
         # A compaction: the history replaced by a summary matches no reply: a new chain.
         await ask([first[0], {"role": "user", "content": TASK + "\n\nSummary: a.py read."}])
         stats = session.statistics()
-        assert (stats.chains, stats.forks, stats.turns) == (3, 1, 4)
+        assert (stats.chains, stats.forks, stats.turns) == (3, 2, 4)
         builder = SampleBuilder()
         for t in session.turns():
             builder.add(t)
@@ -590,6 +675,33 @@ async def test_rewritten_history_forks_and_the_builder_says_so() -> None:
         assert kinds[:2] == ["start", "clean"]
         assert kinds[2] in ("realign", "fork")  # the branch, as the builder places it
         assert "fork" in kinds[2:]  # the compacted chain starts a new sample
+
+
+async def test_a_dropped_reply_starts_a_chain_counted_as_the_fork_the_builder_sees() -> None:
+    # The CLI drops our first reply and asks the same first request again: the history
+    # matches no reply, so a new chain starts; the builder makes it a new sample ("fork"),
+    # and statistics().forks said 0.
+    script = [CALL, tool_call_text("read_file", {"path": "/testbed/b.py"})]
+    async with gateway({"http-1": script}) as (gw, client, _):
+        session = gw.open_session("ep-drop", sampling_params={"max_new_tokens": 256})
+        auth = {"authorization": f"Bearer {session.api_key}"}
+        first = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASK}]
+        for _ in range(2):
+            r = await client.post("/v1/chat/completions", json=chat_body(first), headers=auth)
+            assert r.status_code == 200, r.text
+        stats = session.statistics()
+        assert (stats.chains, stats.turns, stats.appended) == (2, 2, 0)
+        assert stats.forks == 1
+
+        def kinds(builder: SampleBuilder) -> list[str]:
+            for t in session.turns():
+                builder.add(t)
+            samples = builder.finish(reward=1.0)
+            return [k for s in samples for k in s.metadata["trajectory"]["turn_kinds"]]
+
+        assert kinds(SampleBuilder(fork_threshold_tokens=0)) == ["start", "fork"]
+        # The default builder may instead realign a short output onto the held tokens.
+        assert kinds(SampleBuilder())[1] in ("fork", "realign")
 
 
 class _Bodies:
@@ -601,7 +713,9 @@ class _Bodies:
     def junk(self, depth: int = 0) -> Any:
         r = self.rng.random()
         if depth > 3 or r < 0.4:
-            return self.rng.choice([None, True, 0, -1, 3.5, "", "x", TASK, "\u0000", 10**20])
+            return self.rng.choice(
+                [None, True, 0, -1, 3.5, "", "x", TASK, "\u0000", 10**20, "a\ud800", "\udfff"]
+            )
         if r < 0.7:
             return [self.junk(depth + 1) for _ in range(self.rng.randint(0, 3))]
         keys = ["type", "text", "id", "name", "input", "content", "role", "arguments", "output"]
@@ -706,6 +820,7 @@ async def test_bodies_near_each_apis_shape_are_never_a_server_error() -> None:
     bodies = _Bodies(seed=7)
     routes = (
         ("/v1/messages", bodies.anthropic),
+        ("/v1/messages/count_tokens", bodies.anthropic),
         ("/v1/chat/completions", bodies.chat),
         ("/v1/responses", bodies.responses),
     )
@@ -720,7 +835,50 @@ async def test_bodies_near_each_apis_shape_are_never_a_server_error() -> None:
                 }
                 r = await client.post(path, content=json.dumps(make()).encode(), headers=headers)
                 assert r.status_code < 500, (path, r.status_code, r.text)
+                if r.status_code >= 400:
+                    assert_error_shape(path, r)
                 statuses[r.status_code] = statuses.get(r.status_code, 0) + 1
     # Both paths taken: bodies that reach the policy, and refused ones.
     assert statuses.get(200, 0) > 20, statuses
     assert statuses.get(400, 0) > 20, statuses
+
+
+async def test_chat_models_cached_are_bounded_by_the_bytes_of_their_tool_lists() -> None:
+    # 64 tool lists of any size were kept: 70 distinct 1 MB lists held 176 MB.
+    def tools(i: int) -> list[dict[str, Any]]:
+        fn = {**READ["function"], "description": f"Tool list {i}. " + "Read a file. " * 16_000}
+        return [{"type": "function", "function": fn}]
+
+    bound = 1024 * 1024
+    async with gateway(tool_cache_bytes=bound) as (gw, client, _):
+        session = gw.open_session("ep-tools")
+        headers = {"x-api-key": session.api_key}
+        for i in range(12):  # ~210 KB each: ~2.5 MB in all
+            t = tools(i)[0]["function"]
+            body = {
+                "model": "m",
+                "messages": [{"role": "user", "content": TASK}],
+                "tools": [
+                    {
+                        "name": t["name"],
+                        "description": t["description"],
+                        "input_schema": t["parameters"],
+                    }
+                ],
+            }
+            r = await client.post("/v1/messages/count_tokens", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+        stats = gw.statistics()
+        assert stats.chat_models == 12
+        assert 0 < stats.chat_models_cached_bytes <= bound
+        # What is alive, not what the cache says: the chat models still referenced anywhere.
+        gc.collect()
+        alive = [
+            o
+            for o in gc.get_objects()
+            if isinstance(o, ChatModel)
+            and o.tools
+            and str(o.tools[0]["function"].get("description", "")).startswith("Tool list")
+        ]
+        held = sum(len(json.dumps(m.tools)) for m in alive)
+        assert 0 < held <= bound, (len(alive), held)

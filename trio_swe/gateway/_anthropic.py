@@ -70,6 +70,18 @@ def _blocks(content: Any) -> list[dict[str, Any]]:
     raise ApiError(400, "invalid_request", "message content must be a string or a list of blocks")
 
 
+#: Claude Code puts this line in a system block of its own, first: an attribution for
+#: Anthropic's billing (its version with a fingerprint of the conversation, its entry point).
+#: It says nothing to the model, so it is not rendered (nor trained on); the CLI's matching
+#: is unaffected (every request drops it alike).
+BILLING_HEADER = "x-anthropic-billing-header:"
+
+
+def _billing_header(block: dict[str, Any]) -> bool:
+    text = block.get("text")
+    return block.get("type") == "text" and isinstance(text, str) and text.startswith(BILLING_HEADER)
+
+
 def parse_request(body: bytes) -> Conversation:
     """Parse a Messages request body.
 
@@ -83,7 +95,7 @@ def parse_request(body: bytes) -> Conversation:
     messages: list[Message] = []
     system = data.get("system")
     if system:
-        text = text_of(_blocks(system))
+        text = text_of([b for b in _blocks(system) if not _billing_header(b)])
         if text:
             messages.append(Message(role="system", content=text))
     for i, raw in enumerate(raw_messages):

@@ -14,6 +14,7 @@ module turns into its own JSON or SSE events.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 from typing import Any, Literal
 
@@ -252,7 +253,46 @@ def decode_json_object(body: bytes) -> dict[str, Any]:
         raise ApiError(400, "invalid_request", f"the request body is not valid JSON: {exc}")
     if not isinstance(value, dict):
         raise ApiError(400, "invalid_request", "the request body must be a JSON object")
+    # JSON may spell a lone UTF-16 surrogate (``"\\ud800"``): Python keeps it in the str, and
+    # the tokenizer (which takes UTF-8) raises TypeError on it deep in rendering. A valid pair
+    # decodes to one astral character, so any surrogate left in a decoded string is lone.
+    if _SURROGATE_ESCAPE.search(body):
+        where = _lone_surrogate(value, "")
+        if where is not None:
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"{where or 'the body'}: a string holds a lone UTF-16 surrogate (not Unicode text)",
+            )
     return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _lone_surrogate(value: Any, where: str) -> str | None:
+    """The path of the first string (or key) in ``value`` holding a lone surrogate, or None."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return where
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}" if where else str(key)
+            if _lone_surrogate(key, path) is not None:
+                return path.encode("utf-8", "backslashreplace").decode()
+            found = _lone_surrogate(item, path)
+            if found is not None:
+                return found.encode("utf-8", "backslashreplace").decode()
+        return None
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _lone_surrogate(item, f"{where}.{i}" if where else str(i))
+            if found is not None:
+                return found
+    return None
 
 
 def positive_int(value: Any, field: str) -> int | None:

@@ -8,13 +8,15 @@ the client to go away (which cancels the call: :class:`~trio_swe.agents.SGLangPo
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import hashlib
 import json
 import logging
 import os
 import secrets
 import socket as _socket
 import threading
-from collections import OrderedDict
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -31,7 +33,8 @@ from typing import Any
 import msgspec
 import trio
 
-from .._errors import ConfigError, InvalidArgumentError
+from .._errors import ConfigError, InvalidArgumentError, TokenLimitError
+from .._lru import Lru
 from ..models import ChatModel
 from ..policy import Policy, PolicyError, PolicyOutput
 from ..trajectory import TurnRecord
@@ -48,8 +51,20 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-#: Default cap of a request body (Claude Code's requests are ~13-80 KB; long episodes grow).
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+#: Default bound of the chat models cached by tool list, in bytes of the lists' JSON.
+DEFAULT_TOOL_CACHE_BYTES = 8 * 1024 * 1024
+
+#: Default cap of a request body (Claude Code's requests are ~13-80 KB; a full 128k-token
+#: context is ~0.6 MB of JSON). A body is parsed on the event loop (the JSON decoder holds the
+#: GIL whatever thread runs it), so its size is also how long it may stall the other sessions.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+
+#: Default cap of any prompt, in tokens, besides a session's ``max_context_tokens``.
+DEFAULT_MAX_PROMPT_TOKENS = 1 << 20
+
+#: A request whose body is at least this big tokenizes on at most ``tokenizer_threads - 1``
+#: threads, so small requests of other sessions always find one.
+BIG_REQUEST_BYTES = 256 * 1024
 
 
 class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -64,6 +79,9 @@ class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
         policy_errors: calls that failed.
         disconnects: requests whose client went away before the reply (policy call cancelled).
         chat_models: chat models built (one per distinct tool list, cached).
+        chat_models_cached: chat models in the cache now.
+        chat_models_cached_bytes: the JSON bytes of their tool lists (``tool_cache_bytes``
+            bounds it).
     """
 
     requests: int
@@ -74,6 +92,8 @@ class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
     policy_errors: int
     disconnects: int
     chat_models: int
+    chat_models_cached: int = 0
+    chat_models_cached_bytes: int = 0
 
 
 class GatewaySession:
@@ -90,6 +110,9 @@ class GatewaySession:
         self.session_id = session.session_id
         self.api_key = api_key
         self.finished = False
+        #: One request of the session renders and tokenizes at a time: one agent's burst of
+        #: big prompts holds at most one tokenizing thread.
+        self.tokenizing = trio.Lock()
         self._inflight: set[trio.CancelScope] = set()
         self._idle = trio.Event()
         self._idle.set()
@@ -140,6 +163,9 @@ class Gateway:
         max_sessions: int,
         tokenizer_threads: int = 2,
         stream_policy: bool = True,
+        tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES,
+        max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+        keep_sampled: bool = True,
     ) -> None:
         self.policy = policy
         #: Stream the policy's output into SSE replies as it is generated (a policy with
@@ -150,16 +176,19 @@ class Gateway:
         self.template_kwargs = dict(template_kwargs or {})
         self.model_name = model_name
         self.max_body_bytes = max_body_bytes
+        self.max_prompt_tokens = max_prompt_tokens
+        self.keep_sampled = keep_sampled
         self.max_sessions = max_sessions
         self.url: str | None = None
         self.unix_socket: str | None = None
         self._sessions: dict[str, GatewaySession] = {}
-        self._models: OrderedDict[str, ChatModel] = OrderedDict()
+        self._models: Lru[bytes, ChatModel] = Lru(64, max_bytes=tool_cache_bytes)
         self._models_lock = threading.Lock()  # chat_model() runs in tokenizing threads
         #: Rendering and tokenizing run in worker threads, at most this many at once (0: on
         #: the trio thread), so a long prompt never stalls the other sessions' streams.
         self.tokenizer_threads = tokenizer_threads
         self._limiter = trio.CapacityLimiter(max(tokenizer_threads, 1))
+        self._big_limiter = trio.CapacityLimiter(max(tokenizer_threads - 1, 1))
         self._stats: dict[str, Any] = {
             "requests": 0,
             "sessions_total": 0,
@@ -199,6 +228,8 @@ class Gateway:
             sampling_params=sampling_params,
             max_context_tokens=max_context_tokens,
             max_turns=max_turns,
+            max_prompt_tokens=self.max_prompt_tokens,
+            keep_sampled=self.keep_sampled,
         )
         handle = GatewaySession(self, session, key)
         self._sessions[key] = handle
@@ -223,12 +254,15 @@ class Gateway:
             handle.finish()
 
     def chat_model(self, tools: Sequence[Mapping[str, Any]]) -> ChatModel:
-        """The chat model for ``tools`` (built once per distinct list, the last 64 kept).
+        """The chat model for ``tools`` (built once per distinct list; the most recent kept,
+        at most 64 and ``tool_cache_bytes`` of tool JSON).
 
         Raises:
             TemplateError: the chat template cannot render these tools.
         """
-        key = json.dumps(tools, sort_keys=True)
+        text = json.dumps(tools, sort_keys=True).encode("utf-8", "surrogatepass")
+        # Keyed by a digest: the key would otherwise hold a second copy of every list.
+        key = hashlib.sha256(text).digest()
         with self._models_lock:
             model = self._models.get(key)
             if model is None:
@@ -238,12 +272,10 @@ class Gateway:
                     tool_parser=self.tool_parser,
                     template_kwargs=self.template_kwargs,
                 )
-                self._models[key] = model
+                # A model holds its tools as Python objects: ~2-3x their JSON; JSON bytes
+                # bound it in proportion.
+                self._models.put(key, model, nbytes=len(text))
                 self._stats["chat_models"] += 1
-                while len(self._models) > 64:
-                    self._models.popitem(last=False)
-            else:
-                self._models.move_to_end(key)
             return model
 
     async def off_thread(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -251,6 +283,20 @@ class Gateway:
         if not self.tokenizer_threads:
             return fn(*args)
         return await trio.to_thread.run_sync(fn, *args, limiter=self._limiter)
+
+    async def tokenize(
+        self, handle: GatewaySession, size: int, fn: Callable[..., Any], *args: Any
+    ) -> Any:
+        """``fn(*args)``, rendering and tokenizing a request of ``size`` bytes for ``handle``,
+        admitted fairly: one at a time per session, and a big one (``BIG_REQUEST_BYTES``) only
+        while another thread stays free for the small requests of other sessions."""
+        if not self.tokenizer_threads:
+            return fn(*args)
+        async with handle.tokenizing:
+            if size < BIG_REQUEST_BYTES or self.tokenizer_threads < 2:
+                return await self.off_thread(fn, *args)
+            async with self._big_limiter:
+                return await self.off_thread(fn, *args)
 
     def statistics(self) -> GatewayStatistics:
         """See :class:`GatewayStatistics`."""
@@ -263,6 +309,8 @@ class Gateway:
             policy_errors=self._stats["policy_errors"],
             disconnects=self._stats["disconnects"],
             chat_models=self._stats["chat_models"],
+            chat_models_cached=len(self._models),
+            chat_models_cached_bytes=self._models.nbytes,
         )
 
     # -- ASGI ----------------------------------------------------------------------------------
@@ -281,11 +329,24 @@ class Gateway:
         self._stats["requests"] += 1
         exchange = _Exchange(scope, receive, send, self)
         try:
-            await exchange.handle()
+            try:
+                await exchange.handle()
+            finally:
+                if exchange.size >= BIG_REQUEST_BYTES:
+                    # Its transient memory (tokenizer encodings, the rendered text) is free
+                    # now: hand it back to the system (a thread: ctypes drops the GIL).
+                    with trio.CancelScope(shield=True):
+                        await trio.to_thread.run_sync(trim_memory)
         except ApiError as exc:
             await exchange.error(exc)
         except _ClientGone:
             self._stats["disconnects"] += 1
+        except Exception as exc:  # a bug of ours: still an answer in the API's shape, logged
+            logger.exception("gateway %s %s failed", exchange.method, exchange.path)
+            try:
+                await exchange.error(ApiError(500, "api_error", f"gateway error: {exc!r}"[:500]))
+            except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
+                pass
 
 
 class _ClientGone(Exception):
@@ -325,6 +386,8 @@ class _Exchange:
             k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", ())
         }
         self.started = False
+        #: The request body's size once read.
+        self.size = 0
         #: Ends a started stream with an error event (set once a stream started).
         self.stream_error: Callable[[str, str], bytes] | None = None
 
@@ -399,6 +462,7 @@ class _Exchange:
                 )
             chunks.append(chunk)
             if not message.get("more_body", False):
+                self.size = size
                 return b"".join(chunks)
 
     def session(self) -> GatewaySession:
@@ -440,13 +504,22 @@ class _Exchange:
 
         def count() -> int:
             model = handle.session._model_for(conv.tools)
-            text = model.render(
-                [m.template_dict() for m in conv.messages], add_generation_prompt=True
-            )
-            return len(model.encode(text))
+            messages = [m.template_dict() for m in conv.messages]
+            cap = handle.session.prompt_cap or self.gw.max_prompt_tokens
+            model.check_length(messages, cap)
+            text = model.render(messages, add_generation_prompt=True)
+            return len(model.encode_ids(text, limit=cap))
 
         try:
-            n = await self.gw.off_thread(count)
+            n = await self.gw.tokenize(handle, len(body), count)
+        except TokenLimitError as exc:
+            raise ApiError(
+                400,
+                "context_length",
+                _anthropic.context_error_message(
+                    exc.tokens, handle.session.context_limit or exc.limit
+                ),
+            ) from None
         except ConfigError as exc:
             raise ApiError(400, "invalid_request", str(exc)) from exc
         await self.json(200, _anthropic.count_tokens_body(n))
@@ -463,11 +536,13 @@ class _Exchange:
             conv = _chat.parse_request(body)
         session = handle.session
         # Matching on this thread; rendering and tokenizing the new messages in a worker.
-        pending = await self.gw.off_thread(session.build, session.place(conv))
+        size = len(body)
+        del body  # parsed: the bytes need not live through the policy call
+        pending = await self.gw.tokenize(handle, size, session.build, session.place(conv))
         session.count(pending)
         if pending.overflow:
             session.record_overflow(pending)
-            n, limit = len(pending.prompt_ids), session.max_context_tokens
+            n, limit = pending.overflow_tokens, session.context_limit
             message = {
                 "anthropic": _anthropic.context_error_message,
                 "responses": _responses.context_error_message,
@@ -638,6 +713,28 @@ class _Exchange:
         await self.body(b"".join(events))
 
 
+def trim_memory() -> None:
+    """Give the C heap's free memory back to the system (glibc only; elsewhere nothing).
+
+    Tokenizing a big prompt allocates in the tokenizing threads' malloc arenas; glibc keeps
+    what is freed there for reuse, so the process stays as big as its largest request
+    (measured: +204 MB after one refused 2 MB message, +16 MB after a trim).
+    """
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
+
+
+@functools.cache
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        libc.malloc_trim.argtypes = [ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
 async def _serve(
     app: Gateway, config: Any, listeners: list[trio.SocketListener], *, task_status: Any
 ) -> None:
@@ -674,6 +771,9 @@ async def open_gateway(
     max_sessions: int = 4096,
     tokenizer_threads: int = 2,
     stream_policy: bool = True,
+    tool_cache_bytes: int = DEFAULT_TOOL_CACHE_BYTES,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    keep_sampled: bool = True,
 ) -> AsyncIterator[Gateway]:
     """Serve the recording gateway for the block's duration.
 
@@ -687,13 +787,22 @@ async def open_gateway(
         tool_parser: the tool-call parser name, or ``"auto"`` (from the template).
         template_kwargs: extra variables of every render.
         model_name: the model name reported to clients.
-        max_body_bytes: cap of a request body (413 above it).
+        max_body_bytes: cap of a request body (413 above it, refused before it is read
+            whole when the client declares its length).
+        max_prompt_tokens: cap of any prompt in tokens, besides each session's
+            ``max_context_tokens``; over it, the API's context-length error.
+        keep_sampled: a user or system message continuing a chain is appended to its tokens
+            even where the template would re-render earlier turns (Qwen3 drops their
+            reasoning): cost per request in proportion to the new messages, one sample per
+            chain. False: fork and render the whole conversation as the template would.
         max_sessions: cap of sessions open at once.
         tokenizer_threads: worker threads that render and tokenize requests (0: on the trio
             thread, which then stalls every other session while it tokenizes).
         stream_policy: stream the policy's output into SSE replies as it is generated, when
             the policy can (``generate_stream``, as :class:`~trio_swe.agents.SGLangPolicy`):
             text and reasoning deltas as they come, tool calls once they parsed.
+        tool_cache_bytes: bound of the chat models cached by tool list (the JSON bytes of
+            their lists; a list over it alone is built per request, not kept).
     """
     try:
         from hypercorn.config import Config
@@ -711,6 +820,9 @@ async def open_gateway(
         max_sessions=max_sessions,
         tokenizer_threads=tokenizer_threads,
         stream_policy=stream_policy,
+        tool_cache_bytes=tool_cache_bytes,
+        max_prompt_tokens=max_prompt_tokens,
+        keep_sampled=keep_sampled,
     )
     config = Config()
     config.accesslog = None

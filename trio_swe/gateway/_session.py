@@ -32,7 +32,7 @@ from typing import Any
 
 import msgspec
 
-from .._errors import ConfigError
+from .._errors import ConfigError, TokenLimitError
 from .._json import loads
 from ..models import ChatModel, NotAppendOnlyError, TokenHistory
 from ..policy import PolicyOutput
@@ -53,7 +53,10 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
         turns: turns recorded on the episode's chains.
         side_turns: turns recorded on side chains (requests without tools).
         chains: chains started (side chains included).
-        forks: chains started from a rewritten or branched history.
+        forks: chains of the episode started after its first (a branch off a reply, a
+            dropped reply, a compaction): each starts a new sample in the sample builder
+            (turn kind ``fork``; the builder may instead ``realign`` a branch whose prompt
+            diverges inside the last response). Side chains are not counted.
         appended: requests that continued a chain by an append-only delta.
         delta_tokens: tokens rendered for those deltas.
         rendered_tokens: tokens rendered for the first prompts of chains.
@@ -137,6 +140,9 @@ class Pending(msgspec.Struct, kw_only=True):
     max_new_tokens: int
     sampling_params: dict[str, Any]
     overflow: bool = False
+    #: With ``overflow``: the prompt's length in tokens, or a lower bound of it when the
+    #: request was refused before it was tokenized whole.
+    overflow_tokens: int = 0
     conversation: Conversation | None = None
     history: Any = None
     chain: Any = None  # the chain continued, or None for a new one
@@ -158,6 +164,7 @@ class Placement(msgspec.Struct, kw_only=True):
     history: Any = None  # the chain's history when placed
     transcript_length: int = 0
     boundaries: tuple[int, ...] = ()
+    request: int = 0  # the request's index in the session (a seeded session's seed offset)
 
 
 class Draft(msgspec.Struct, kw_only=True):
@@ -240,6 +247,15 @@ class Session:
         max_context_tokens: prompt + output cap (0: none); a prompt that fills it is refused
             with the API's context-length error and recorded as a truncated turn.
         max_turns: requests refused (429-like ``overloaded``) past this many turns.
+        max_prompt_tokens: a cap of any prompt (0: none), besides ``max_context_tokens``: the
+            gateway's bound of the work one request may cause. A prompt over either is
+            refused as a context overflow as soon as that is known: before rendering when its
+            messages' text alone is too long, else after the piece of tokenizing that passes it.
+        keep_sampled: a user or system message that continues a chain is appended to its
+            tokens even where the chat template would re-render earlier turns (Qwen3 drops
+            their reasoning once a user message follows): the cost of a request is its new
+            messages', and the chain stays one sample. False: such a request forks, its whole
+            conversation rendered as the template would (O(history) per request).
     """
 
     def __init__(
@@ -250,8 +266,24 @@ class Session:
         sampling_params: Mapping[str, Any] | None = None,
         max_context_tokens: int = 0,
         max_turns: int = 1000,
+        max_prompt_tokens: int = 0,
+        keep_sampled: bool = True,
     ) -> None:
         self.session_id = session_id
+        self.keep_sampled = keep_sampled
+        caps = [
+            c
+            for c in (max_context_tokens - 1 if max_context_tokens else 0, max_prompt_tokens)
+            if c > 0
+        ]
+        #: The longest prompt served (None: any); one over it is an overflow.
+        self.prompt_cap: int | None = min(caps) if caps else None
+        #: The maximum an overflow's error names (the context, else the prompt cap).
+        self.context_limit = (
+            max_context_tokens
+            if max_context_tokens and self.prompt_cap == max_context_tokens - 1
+            else (self.prompt_cap or 0)
+        )
         self._model_for = model_for
         self.sampling_params = dict(sampling_params or {})
         self.max_context_tokens = max_context_tokens
@@ -298,11 +330,13 @@ class Session:
         # What build() reads of the chain, taken now: a chain's history and transcript are
         # replaced (never changed in place) when a turn is recorded, so this stays whole
         # while build() runs in a worker thread.
+        request = self._stats["requests"] - 1
         if best is None:
-            return Placement(conversation=conv, side=side)
+            return Placement(conversation=conv, side=side, request=request)
         return Placement(
             conversation=conv,
             side=side,
+            request=request,
             chain=best,
             matched=best_n,
             history=best.history,
@@ -318,9 +352,33 @@ class Session:
         Raises:
             ApiError: the chat template cannot render the tools or messages (400).
         """
+        try:
+            return self._build(placement)
+        except TokenLimitError as exc:
+            # Refused before the prompt was tokenized whole: the chain's tokens so far stand
+            # for the prompt (what follows them would be cut by the context anyway).
+            conv, best = placement.conversation, placement.chain
+            continued = best is not None and placement.matched == placement.transcript_length
+            pending = Pending(
+                prompt_ids=placement.history.ids if continued else [],
+                max_new_tokens=0,
+                sampling_params={},
+                overflow=True,
+                overflow_tokens=exc.tokens,
+                conversation=conv,
+                history=placement.history if continued else None,
+                chain=best if continued else None,
+                transcript=list(conv.messages),
+                side=placement.side,
+                tip=len(placement.boundaries),
+            )
+            return pending
+
+    def _build(self, placement: Placement) -> Pending:
         conv, side, best = placement.conversation, placement.side, placement.chain
         best_n, boundaries = placement.matched, placement.boundaries
         incoming = conv.messages
+        cap = self.prompt_cap
         try:
             model = self._model_for(conv.tools)
             if (
@@ -333,9 +391,18 @@ class Session:
                     try:
                         history = placement.history.copy()
                         before = len(history.ids)
-                        history.append_messages([m.template_dict() for m in new])
+                        history.append_messages(
+                            [m.template_dict() for m in new],
+                            max_tokens=cap,
+                            keep_sampled=self.keep_sampled,
+                        )
                         pending = self._pending(
-                            conv, history, chain=best, side=side, tip=len(boundaries)
+                            conv,
+                            history,
+                            chain=best,
+                            side=side,
+                            tip=len(boundaries),
+                            request=placement.request,
                         )
                         pending.delta_tokens = len(history.ids) - before
                         return pending
@@ -353,10 +420,12 @@ class Session:
                 prefix = [dict(m) for m in placement.history.messages[:k]]
             rest = incoming[k:]
             messages = prefix + [m.template_dict() for m in rest]
-            history = model.start(messages)
+            history = model.start(messages, max_tokens=cap)
         except ConfigError as exc:  # tools or messages the chat template cannot render
             raise ApiError(400, "invalid_request", str(exc)) from exc
-        pending = self._pending(conv, history, chain=None, side=side, forked=forked)
+        pending = self._pending(
+            conv, history, chain=None, side=side, forked=forked, request=placement.request
+        )
         pending.rendered_tokens = len(history.ids)
         return pending
 
@@ -375,19 +444,20 @@ class Session:
         side: bool,
         forked: bool = False,
         tip: int = 0,
+        request: int = 0,
     ) -> Pending:
         params = dict(self.sampling_params)
         cap = int(params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
         if conv.max_tokens is not None:
             cap = min(cap, conv.max_tokens)
-        overflow = False
         prompt = history.ids
+        overflow = self.prompt_cap is not None and len(prompt) > self.prompt_cap
         if self.max_context_tokens:
             room = self.max_context_tokens - len(prompt)
-            if room <= 0:
-                overflow = True
             cap = max(min(cap, room), 0)
         params["max_new_tokens"] = cap
+        if params.get("seed") is not None:  # no two requests of a session share a seed
+            params["seed"] = int(params["seed"]) + request
         params.setdefault("skip_special_tokens", False)
         params.setdefault("no_stop_trim", True)
         return Pending(
@@ -395,6 +465,7 @@ class Session:
             max_new_tokens=cap,
             sampling_params=params,
             overflow=overflow,
+            overflow_tokens=len(prompt),
             conversation=conv,
             history=history,
             chain=chain,
@@ -485,13 +556,16 @@ class Session:
 
     def record_overflow(self, pending: Pending) -> None:
         """Record a refused, overflowing request as a turn with no output (``length``), so the
-        episode's sample is marked truncated, not lost."""
+        episode's sample is marked truncated, not lost. (A first prompt refused before it
+        was tokenized records nothing: there is no sampled turn to keep.)"""
+        self._stats["overflows"] += 1
+        if pending.history is None:
+            return
         ids = pending.history.ids
         recorder = self._recorder_for(pending)
         turn = _turn_of(
             recorder, ids, len(ids), log_probs=None, finish_reason="length", ill_formed=False
         )
-        self._stats["overflows"] += 1
         chain = self._chain_for(pending, recorder)
         chain.turns.append(turn)
         self._order.append((chain.index, len(chain.turns) - 1))
@@ -519,10 +593,14 @@ class Session:
             # A concurrent request extended this chain first: this one branches off it.
             chain, pending.chain, pending.forked = None, None, True
         if chain is None:
+            # Any chain of the episode after its first starts a new sample in the builder
+            # (turn kind "fork"), whether it branched off a reply or matched nothing (a CLI
+            # that dropped our reply, a compaction): count it so.
+            later = not pending.side and any(not c.side for c in self._chains)
             chain = _Chain(len(self._chains), pending.history, [], pending.side, recorder)
             self._chains.append(chain)
             self._stats["chains"] += 1
-            if pending.forked:
+            if pending.forked or later:
                 self._stats["forks"] += 1
             pending.chain = chain
         return chain

@@ -33,7 +33,7 @@ Parsers (:func:`get_tool_parser`, ``SWE_TOOL_PARSER``, :func:`register_tool_pars
 ``"auto"`` infers one from the template (:func:`infer_tool_parser`).
 """
 
-from .._errors import NotAppendOnlyError, TemplateError
+from .._errors import NotAppendOnlyError, TemplateError, TokenLimitError
 from ._chat import ChatModel, HistoryStatistics, TokenHistory
 from ._load import TOKENIZER_FILES, clear_tokenizer_cache, load_tokenizer
 from ._parsers import (
@@ -65,6 +65,7 @@ __all__ = [
     "Qwen3CoderToolParser",
     "TemplateError",
     "TokenHistory",
+    "TokenLimitError",
     "ToolCall",
     "ToolParser",
     "available_tool_parsers",

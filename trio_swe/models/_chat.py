@@ -8,15 +8,17 @@ that delta is tokenized; nothing sampled is re-rendered or re-tokenized.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
 
-from .._errors import InvalidArgumentError, NotAppendOnlyError, TemplateError
+from .._errors import InvalidArgumentError, NotAppendOnlyError, TemplateError, TokenLimitError
 from ._load import load_tokenizer
 from ._parsers import (
     ParsedOutput,
@@ -39,6 +41,30 @@ _PROBE_USER = "U"
 _PROBE_REPLY = "PROBE-REPLY-7f3a"
 _PROBE_TOOL_OUTPUT = "PROBE-RESULT-91c2"
 _PROBE_ARG = "echo probe-5d1e"
+
+
+#: A text longer than this (in characters) is tokenized in pieces: a cap stops the work after
+#: the piece that passes it, and the tokenizer's transient memory is one piece's, not the text's
+#: (its encoding keeps strings and offsets per token: ~300 bytes a token, whole, for 2 MB of text).
+ENCODE_PIECE_CHARS = 64 * 1024
+
+# Where a byte-level BPE tokenizer with a GPT-style pre-tokenizer (Qwen, Llama 3, GPT) always
+# splits: after a run of newlines before an ASCII letter, and between an ASCII letter and a space
+# followed by one. Pieces cut there encode to exactly the ids of the whole (checked once per
+# tokenizer, see ChatModel._check_pieces); elsewhere a cut only serves counting.
+_CUT = re.compile(r"\n(?=[A-Za-z])|(?<=[A-Za-z])(?= [A-Za-z])")
+# Texts whose pieces must encode like the whole: the cut kinds above, in the contexts that
+# could join them (punctuation, spaces, digits, contractions, non-ASCII, special tokens).
+_PIECE_PROBES = (
+    ("def f():\n    return 1\n", "Hello world"),
+    ("x = {'a': 1}\n\n", "print(x)"),
+    ("it's", " fine"),
+    ("word", " next"),
+    ("caf\u00e9 \u00fcber\n", "Code"),
+    ("a.\r\n", "B"),
+    ("<|im_start|>user\n", "Read it"),
+    ("1234\n", "x"),
+)
 
 
 class HistoryStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,6 +144,8 @@ class ChatModel:
         self.stop_id: int = int(tokenizer.convert_tokens_to_ids(self.stop_text))
         self._max_token_bytes = 0
         self._probe()
+        #: Whether a text cut at :data:`_CUT` encodes, piece by piece, to the ids of the whole.
+        self.exact_pieces = self._check_pieces()
 
     @classmethod
     def from_checkpoint(
@@ -165,6 +193,38 @@ class ChatModel:
         """Ids of ``text``; special tokens written in it are encoded as the specials."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def encode_ids(self, text: str, *, limit: int | None = None) -> array[int]:
+        """Ids of ``text`` (as :meth:`encode`), in an int32 array; with ``limit``, at most that
+        many, else :class:`TokenLimitError` as soon as it is known: at once when the text is
+        longer than ``limit`` tokens of the vocabulary's longest could cover, else after the
+        piece of :data:`ENCODE_PIECE_CHARS` that passes the cap (a long text is encoded in
+        pieces cut where the tokenizer's own pre-tokenizer splits, so the ids are the whole's).
+
+        Raises:
+            TokenLimitError: more than ``limit`` tokens.
+        """
+        if limit is not None and len(text) // self.max_token_bytes > limit:
+            raise TokenLimitError(len(text) // self.max_token_bytes, limit)
+        if len(text) <= ENCODE_PIECE_CHARS:
+            ids = array("i", self.encode(text))
+            if limit is not None and len(ids) > limit:
+                raise TokenLimitError(len(ids), limit)
+            return ids
+        out = array("i")
+        rough = 0  # cuts that were not at a split of the pre-tokenizer
+        for piece, exact in _pieces(text, ENCODE_PIECE_CHARS, exact_cuts=self.exact_pieces):
+            out.extend(self.encode(piece))
+            rough += not exact
+            # A rough cut may cost a few merges across it: never refuse on that alone.
+            floor = len(out) - 32 * rough
+            if limit is not None and floor > limit:
+                raise TokenLimitError(floor, limit)
+        if rough:  # counted in pieces, under the cap: now the exact ids
+            out = array("i", self.encode(text))
+            if limit is not None and len(out) > limit:
+                raise TokenLimitError(len(out), limit)
+        return out
+
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens included."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
@@ -183,9 +243,7 @@ class ChatModel:
         ``len(text.encode()) / max_token_bytes`` bounds the token count from below without
         tokenizing ``text``. Computed once, on first use."""
         if not self._max_token_bytes:
-            self._max_token_bytes = max(
-                (_token_bytes(s) for s in self.tokenizer.get_vocab()), default=1
-            )
+            self._max_token_bytes = _max_token_bytes(self.tokenizer)
         return self._max_token_bytes
 
     def assistant_text(self, message: Message) -> str:
@@ -233,12 +291,45 @@ class ChatModel:
 
     # --- histories ---------------------------------------------------------------------------
 
-    def start(self, messages: Sequence[Message]) -> TokenHistory:
+    def start(self, messages: Sequence[Message], *, max_tokens: int | None = None) -> TokenHistory:
         """A history whose prompt is ``messages`` rendered with the generation prompt (the one
-        whole-conversation encoding of an episode)."""
-        return TokenHistory(self, messages)
+        whole-conversation encoding of an episode).
+
+        Raises:
+            TokenLimitError: the prompt is over ``max_tokens`` (found before it is tokenized
+                whole, or before it is rendered when its messages' text alone says so).
+        """
+        return TokenHistory(self, messages, max_tokens=max_tokens)
+
+    def check_length(self, messages: Sequence[Message], limit: int | None) -> None:
+        """Refuse ``messages`` before rendering when their text alone holds more than
+        ``limit`` tokens of the longest the vocabulary has (templates render a message's
+        content as it is, so the rendering is at least that long).
+
+        Raises:
+            TokenLimitError: over ``limit`` for sure.
+        """
+        if limit is None:
+            return
+        chars = sum(len(c) for m in messages if isinstance(c := m.get("content"), str))
+        floor = chars // self.max_token_bytes
+        if floor > limit:
+            raise TokenLimitError(floor, limit)
 
     # --- start-up checks ------------------------------------------------------------------
+
+    def _check_pieces(self) -> bool:
+        # A special token holding a newline or a space could straddle a cut.
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        specials = [str(getattr(t, "content", t)) for t in decoder.values()]
+        if any(c in tok for tok in specials for c in "\n "):
+            return False
+        try:
+            return all(
+                self.encode(a + b) == self.encode(a) + self.encode(b) for a, b in _PIECE_PROBES
+            )
+        except Exception:  # a tokenizer that cannot encode a probe: no exact pieces
+            return False
 
     def _probe(self) -> None:
         head = [
@@ -312,13 +403,17 @@ class TokenHistory:
     :class:`NotAppendOnlyError` is raised: :meth:`fork` starts over from the whole conversation.
     """
 
-    def __init__(self, model: ChatModel, messages: Sequence[Message]) -> None:
+    def __init__(
+        self, model: ChatModel, messages: Sequence[Message], *, max_tokens: int | None = None
+    ) -> None:
         if not messages:
             raise InvalidArgumentError("a conversation needs at least one message")
         self.model = model
+        model.check_length(messages, max_tokens)
         #: Every message so far, assistant turns as parsed (what :meth:`fork` renders).
         self.messages: list[dict[str, Any]] = [dict(m) for m in messages]
-        self.ids = array("i", model.encode(model.render(self.messages, add_generation_prompt=True)))
+        text = model.render(self.messages, add_generation_prompt=True)
+        self.ids = model.encode_ids(text, limit=max_tokens)
         #: Index in ``ids`` where the current prompt's generation starts.
         self.prompt_length = len(self.ids)
         self._head = [
@@ -360,7 +455,7 @@ class TokenHistory:
         self._stats["turns"] += 1
         return parsed
 
-    def delta_text(self, new: Sequence[Message]) -> str:
+    def delta_text(self, new: Sequence[Message], *, keep_sampled: bool = False) -> str:
         """The text :meth:`append_messages` would encode (without appending it)."""
         if self._last is None:
             raise InvalidArgumentError("append_output() must come before append_messages()")
@@ -373,7 +468,8 @@ class TokenHistory:
         else:
             head_text = model.render(self._head)
             boundary = self._turn_end(full, len(head_text)) if full.startswith(head_text) else -1
-            if boundary < 0 or any(m.get("role") in ("user", "system") for m in new):
+            rewrites = any(m.get("role") in ("user", "system") for m in new)
+            if boundary < 0 or (rewrites and not keep_sampled):
                 raise NotAppendOnlyError(
                     f"chat template of {model.name!r} re-renders the previous assistant turn "
                     f"when {', '.join(str(m.get('role')) for m in new)} message(s) follow "
@@ -384,23 +480,40 @@ class TokenHistory:
         trailer = model._suffix[len(model.stop_text) :] if self._ended else model._suffix
         return trailer + rest
 
-    def append_messages(self, new: Sequence[Message]) -> list[int]:
+    def append_messages(
+        self, new: Sequence[Message], *, max_tokens: int | None = None, keep_sampled: bool = False
+    ) -> list[int]:
         """Append the template's rendering of ``new`` (with the next generation prompt);
         return the ids added.
+
+        With ``keep_sampled``, a ``user`` or ``system`` message after which the template would
+        re-render earlier turns (Qwen3 drops their reasoning) is appended all the same: the
+        earlier turns stay as sampled (counted in ``rewritten_turns``), and the cost is the
+        new messages', not the conversation's (a gateway serving a CLI that sends a user
+        message each turn would otherwise render the whole history on every request).
 
         Raises:
             NotAppendOnlyError: see the class docstring.
             InvalidArgumentError: no output was appended since the last delta.
+            TokenLimitError: the prompt would be over ``max_tokens`` (nothing is appended;
+                found before the delta is rendered or tokenized whole, when it can be).
         """
-        text = self.delta_text(new)
-        delta = self.model.encode(text)
+        room = None if max_tokens is None else max_tokens - len(self.ids)
+        try:
+            if room is not None and room < 0:
+                raise TokenLimitError(0, room)
+            self.model.check_length(new, room)
+            text = self.delta_text(new, keep_sampled=keep_sampled)
+            delta = self.model.encode_ids(text, limit=room)
+        except TokenLimitError as exc:
+            raise TokenLimitError(len(self.ids) + exc.tokens, max_tokens or 0) from None
         self.ids.extend(delta)
         self.messages.extend(dict(m) for m in new)
         self.prompt_length = len(self.ids)
         self._last = None
         self._stats["deltas"] += 1
         self._stats["delta_tokens"] += len(delta)
-        return delta
+        return delta.tolist()
 
     def copy(self) -> TokenHistory:
         """An independent copy (the ids copied once, a memcpy): a gateway appends a delta and
@@ -434,10 +547,35 @@ _BYTE_ALPHABET = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=8)
+def _max_token_bytes(tokenizer: Any) -> int:
+    # Once per tokenizer (a gateway builds a chat model per tool list).
+    return max((_token_bytes(s) for s in tokenizer.get_vocab()), default=1)
+
+
 def _token_bytes(token: str) -> int:
     if all(ch in _BYTE_ALPHABET for ch in token):
         return len(token)
     return len(token.encode("utf-8"))
+
+
+def _pieces(text: str, size: int, *, exact_cuts: bool) -> Iterable[tuple[str, bool]]:
+    """``text`` in pieces of about ``size`` characters, each with whether the cut before the
+    next piece is one of :data:`_CUT` (the last piece: True). Without ``exact_cuts`` (or
+    where no such cut lies within another ``size``), a piece ends at ``size`` exactly."""
+    i, n = 0, len(text)
+    while i < n:
+        j = i + size
+        if j >= n:
+            yield text[i:], True
+            return
+        exact = False
+        if exact_cuts:
+            found = _CUT.search(text, j, min(j + size, n))
+            if found is not None:
+                j, exact = found.end() if found.group() else found.start(), True
+        yield text[i:j], exact
+        i = j
 
 
 def _first_difference(a: str, b: str) -> str:
