@@ -130,3 +130,35 @@ def swebench_compat(session: nox.Session, swebench: str) -> None:
     """The swebench grading path against each supported swebench release."""
     session.install("-e", ".[test]", f"swebench=={swebench}", "pytest-xdist")
     session.run("python", "-m", "pytest", "-q", "tests/grading", "-m", "swebench", *session.posargs)
+
+
+def _trainer_session(session: nox.Session, trainer: str) -> None:
+    """tests/integrations for one trainer, in its own environment (scripts/trainer-env), against
+    the real engine (scripts/engine-env): a missing environment or engine fails, never skips."""
+    env_dir = Path(f"/var/cache/trio-swe/{trainer}")
+    python = env_dir / "bin" / "python"
+    if not python.exists():
+        session.error(f"no {trainer} environment at {env_dir}: bash scripts/trainer-env {trainer}")
+    root = Path(__file__).parent
+    args = session.posargs or ["-q", "-p", "no:cacheprovider", "-p", "no:asyncio"]
+    session.run(
+        str(python),
+        "-m",
+        "pytest",
+        f"tests/integrations/test_{trainer}.py",
+        *args,
+        env={"TRIO_SWE_TRAINER": trainer, "PYTHONPATH": str(root)},
+        external=True,
+    )
+
+
+@nox.session(python=False)
+def verl(session: nox.Session) -> None:
+    """verl's agent loop (trio_swe.integrations.verl) against verl 0.9.1 and vLLM."""
+    _trainer_session(session, "verl")
+
+
+@nox.session(python=False)
+def skyrl(session: nox.Session) -> None:
+    """SkyRL's generator (trio_swe.integrations.skyrl) against SkyRL 0.4.0 and vLLM."""
+    _trainer_session(session, "skyrl")

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from pathlib import Path
 
 import pytest
+import sniffio
 import trio
 import trio.lowlevel
 
@@ -158,3 +160,118 @@ def test_asyncio_iterates_a_rollout_and_stops_early(tmp_path: Path) -> None:
     for result in got:
         assert result.reward == demo.expected_rewards[result.instance_id]
     assert_nothing_left(tmp_path, backend)
+
+
+# await_asyncio: trio code started by aio.run calling back into the host loop.
+
+_CALLER: contextvars.ContextVar[str] = contextvars.ContextVar("caller", default="unset")
+
+
+def test_await_asyncio_returns_results_errors_and_the_callers_context() -> None:
+    class Boom(Exception):
+        pass
+
+    async def on_asyncio(x: int) -> tuple[int, str, str, bool]:
+        await asyncio.sleep(0)
+        # The asyncio caller's context, and asyncio as far as sniffio and asyncio can tell.
+        return (
+            2 * x,
+            _CALLER.get(),
+            sniffio.current_async_library(),
+            asyncio.current_task() is not None,
+        )
+
+    async def fail_on_asyncio() -> None:
+        await asyncio.sleep(0)
+        raise Boom("from asyncio")
+
+    async def on_trio() -> list[tuple[int, str, str, bool]]:
+        assert sniffio.current_async_library() == "trio"
+        with pytest.raises(Boom, match="from asyncio"):
+            await aio.await_asyncio(fail_on_asyncio)
+        out: list[tuple[int, str, str, bool]] = []
+
+        async def child(i: int) -> None:
+            out.append(await aio.await_asyncio(on_asyncio, i))
+
+        async with trio.open_nursery() as nursery:  # children inherit the host
+            for i in range(3):
+                nursery.start_soon(child, i)
+        return sorted(out)
+
+    async def main() -> list[tuple[int, str, str, bool]]:
+        _CALLER.set("the asyncio caller")
+        return await aio.run(on_trio)
+
+    assert asyncio.run(main()) == [(2 * i, "the asyncio caller", "asyncio", True) for i in range(3)]
+
+
+def test_await_asyncio_cancelled_from_trio_cancels_the_task_and_waits_for_it() -> None:
+    events: list[str] = []
+
+    async def on_asyncio(started: asyncio.Event) -> None:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await asyncio.sleep(0.01)  # asyncio cleanup the trio caller must wait for
+            events.append("asyncio cleaned up")
+
+    async def on_trio() -> None:
+        started = asyncio.Event()
+        with trio.CancelScope() as scope:
+            async with trio.open_nursery() as nursery:
+
+                async def cancel_once_started() -> None:
+                    await aio.await_asyncio(started.wait)
+                    scope.cancel()
+
+                nursery.start_soon(cancel_once_started)
+                await aio.await_asyncio(on_asyncio, started)
+        assert scope.cancelled_caught
+        events.append("trio resumed")
+
+    async def main() -> None:
+        await aio.run(on_trio)
+        assert not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    asyncio.run(main())
+    assert events == ["asyncio cleaned up", "trio resumed"]
+
+
+def test_cancelling_the_asyncio_awaiter_reaches_a_nested_asyncio_call() -> None:
+    events: list[str] = []
+
+    async def on_asyncio(started: asyncio.Future[None]) -> None:
+        started.set_result(None)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            events.append("inner cancelled")
+            raise
+
+    async def on_trio(started: asyncio.Future[None]) -> None:
+        try:
+            await aio.await_asyncio(on_asyncio, started)
+        finally:
+            events.append("trio unwound")
+
+    async def main() -> None:
+        started = asyncio.get_running_loop().create_future()
+        outer = asyncio.ensure_future(aio.run(on_trio, started))
+        await started
+        outer.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await outer
+        # Both sides unwound before the awaiter saw its CancelledError.
+        assert events == ["inner cancelled", "trio unwound"]
+
+    asyncio.run(main())
+
+
+def test_await_asyncio_outside_aio_run_says_so() -> None:
+    async def main() -> None:
+        with pytest.raises(RuntimeError, match=r"started by trio_swe\.aio\.run"):
+            await aio.await_asyncio(asyncio.sleep, 0)
+
+    trio.run(main)

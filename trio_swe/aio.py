@@ -14,6 +14,12 @@ Cancellation crosses the bridge both ways:
 * a cancellation on the trio side (for instance :func:`shutdown`) ends the awaiter with
   :class:`asyncio.CancelledError`.
 
+The other direction: trio code started by :func:`run` calls back into asyncio with
+:func:`await_asyncio` (a trainer's own generation handle is an asyncio coroutine; the episode's
+policy awaits it from trio). The coroutine runs as an asyncio task on the host loop, in the
+context variables of the asyncio task that called :func:`run` (tracing and sniffio see asyncio);
+cancelling the trio side cancels that task and waits for it to end.
+
 Example::
 
     import asyncio
@@ -28,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import weakref
 from collections.abc import (
@@ -52,6 +59,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "GuestStatistics",
+    "await_asyncio",
     "open_stream",
     "run",
     "run_episode",
@@ -140,6 +148,12 @@ class _Guest:
 
 _GUESTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Guest] = weakref.WeakKeyDictionary()
 
+#: In the trio tasks of a :func:`run` call (and their children): the host loop and the context
+#: of the asyncio task that awaited :func:`run`, for :func:`await_asyncio`.
+_HOST: contextvars.ContextVar[tuple[asyncio.AbstractEventLoop, contextvars.Context]] = (
+    contextvars.ContextVar("trio_swe_aio_host")
+)
+
 
 async def _guest() -> _Guest:
     loop = asyncio.get_running_loop()
@@ -168,6 +182,7 @@ async def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
     """
     guest = await _guest()
     loop = guest.loop
+    host_context = contextvars.copy_context()
     done: asyncio.Future[T] = loop.create_future()
     call = _Call(done)
     guest.active += 1
@@ -182,6 +197,7 @@ async def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
             done.set_result(value)
 
     async def runner() -> None:
+        _HOST.set((loop, host_context))
         try:
             with trio.CancelScope() as scope:
                 call.scope = scope
@@ -222,6 +238,44 @@ async def run(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
         # right after (asyncio.run returning) never abandons a half-finished trio run.
         if not guest.accepting and await _wait_uncancellably(guest.finished):
             raise asyncio.CancelledError
+
+
+async def await_asyncio(async_fn: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """From trio code started by :func:`run`: await ``async_fn(*args)`` on the host asyncio loop.
+
+    The call runs as an asyncio task on the loop this trio run is a guest of, in a copy of the
+    context of the asyncio task that awaited :func:`run`, and its result or exception comes back
+    here. Cancelling the trio caller cancels the asyncio task and waits (shielded) until it has
+    ended, so nothing it holds outlives the caller.
+
+    Raises:
+        RuntimeError: called from trio code that :func:`run` did not start (no host loop).
+    """
+    try:
+        loop, context = _HOST.get()
+    except LookupError:
+        raise RuntimeError(
+            "trio_swe.aio.await_asyncio: not in trio code started by trio_swe.aio.run"
+        ) from None
+    finished = trio.Event()
+
+    async def call() -> T:
+        return await async_fn(*args)
+
+    # Trio in guest mode runs inside the host loop's callbacks, on its thread: create_task is
+    # safe here, and the done callback runs on the same thread.
+    task = loop.create_task(call(), context=context.copy())
+    task.add_done_callback(lambda _: finished.set())
+    try:
+        await finished.wait()
+    except trio.Cancelled:
+        task.cancel()
+        with trio.CancelScope(shield=True):
+            await finished.wait()
+        if not task.cancelled():
+            task.exception()  # retrieved: a late result or error goes with the cancelled caller
+        raise
+    return task.result()
 
 
 async def _wait_uncancellably(fut: asyncio.Future[Any]) -> bool:

@@ -21,13 +21,15 @@ import trio
 
 from .. import aio
 from .._close import aclose_quietly
-from .._errors import ConfigError, MetadataError, PermanentBootError
+from .._errors import ConfigError, MetadataError
 from ..agents import Agent, create_agent
 from ..config import BACKENDS, RayOptions, SweConfig, replace_option
 from ..episode import EpisodeResult, run_episode
 from ..grading import get_metadata
 from ..models import load_tokenizer
 from ..sandbox import Backend, create_backend
+from ._convert import PERMANENT_ABORT_REASONS as PERMANENT_ABORT_REASONS
+from ._convert import abort_text, is_permanent_abort
 
 __all__ = ["GENERATE_BACKENDS", "generate"]
 
@@ -104,11 +106,11 @@ def _policy_url(args: Any, config: SweConfig) -> str:
     return config.bash.policy_url
 
 
-#: Abort reasons that are properties of the row, not passing failures: slime gets
-#: ``Status.FAILED`` for them (its fully-async mode requeues ``ABORTED`` samples, forever for a
-#: row that can never be graded). A ``boot_failed`` caused by a
-#: :class:`~trio_swe.PermanentBootError` (a missing image) is ``FAILED`` too.
-PERMANENT_ABORT_REASONS: frozenset[str] = frozenset({"unevaluable", "prompt_too_long", "metadata"})
+# PERMANENT_ABORT_REASONS (shared with the verl and SkyRL adapters, _convert.py): abort
+# reasons that are properties of the row, not passing failures: slime gets ``Status.FAILED`` for
+# them (its fully-async mode requeues ``ABORTED`` samples, forever for a row that can never be
+# graded). A ``boot_failed`` caused by a :class:`~trio_swe.PermanentBootError` (a missing image)
+# is ``FAILED`` too.
 
 
 def _slime_abort(sample: Any, reason: str, instance_id: str) -> Any:
@@ -124,7 +126,7 @@ def _slime_abort(sample: Any, reason: str, instance_id: str) -> Any:
     out.remove_sample = True
     out.metadata = {**(getattr(sample, "metadata", None) or {}), "abort_reason": reason}
     out.metadata["instance_id"] = instance_id
-    permanent = reason.split(":", 1)[0] in PERMANENT_ABORT_REASONS
+    permanent = is_permanent_abort(reason)
     _set_status(out, "failed" if permanent else "aborted")
     return out
 
@@ -217,8 +219,8 @@ async def generate(
     else:
         result, decode = await aio.run(episode)
     if result.status == "aborted":
-        out = _slime_abort(sample, f"{result.abort_reason}:{result.error}", md.instance_id)
-        if (result.error or "").startswith(f"{PermanentBootError.__name__}:"):
+        out = _slime_abort(sample, abort_text(result), md.instance_id)
+        if is_permanent_abort(abort_text(result), result.error):
             _set_status(out, "failed")  # a missing image, a commit that does not exist, ...
         return [out]
     extra = {
