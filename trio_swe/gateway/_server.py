@@ -17,6 +17,7 @@ import os
 import secrets
 import socket as _socket
 import threading
+import weakref
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -113,6 +114,7 @@ class GatewaySession:
         #: One request of the session renders and tokenizes at a time: one agent's burst of
         #: big prompts holds at most one tokenizing thread.
         self.tokenizing = trio.Lock()
+        self._trim_on_drop = False
         self._inflight: set[trio.CancelScope] = set()
         self._idle = trio.Event()
         self._idle.set()
@@ -290,6 +292,11 @@ class Gateway:
         """``fn(*args)``, rendering and tokenizing a request of ``size`` bytes for ``handle``,
         admitted fairly: one at a time per session, and a big one (``BIG_REQUEST_BYTES``) only
         while another thread stays free for the small requests of other sessions."""
+        if size >= BIG_REQUEST_BYTES and not handle._trim_on_drop:
+            # What a session holds of big prompts goes when its owner drops it (after
+            # reading its turns): give that memory back to the system then, too.
+            handle._trim_on_drop = True
+            weakref.finalize(handle.session, trim_memory)
         if not self.tokenizer_threads:
             return fn(*args)
         async with handle.tokenizing:
