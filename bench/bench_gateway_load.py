@@ -135,14 +135,13 @@ class _Peak:
 
 
 def _held(handle: Any) -> int:
-    """Bytes a session holds: its messages' text and its token buffers (turn records, the
-    chains' histories)."""
+    """Bytes a session holds: its messages' text and its token buffers (the chains'
+    histories, and the buffer its turn records view, at its capacity: it grows by doubling)."""
     total = 0
     for chain in handle.session._chains:
         total += sum(len(m.content.encode()) for m in chain.transcript)
         total += chain.history.ids.itemsize * len(chain.history.ids)
-        for t in chain.turns:
-            total += 4 * (len(t.prompt_ids) + len(t.output_ids))
+        total += len(chain.recorder._buf)
     return total
 
 

@@ -440,8 +440,10 @@ class _Exchange:
 
     # -- requests ---------------------------------------------------------------------------
 
-    async def read_body(self) -> bytes:
-        chunks: list[bytes] = []
+    async def read_body(self) -> bytearray:
+        # One buffer the chunks are appended to (not a list joined at the end: a second copy
+        # of the whole body at its peak).
+        buf = bytearray()
         size = 0
         declared = self.headers.get("content-length")
         if (
@@ -460,6 +462,7 @@ class _Exchange:
             if message["type"] == "http.disconnect":
                 raise _ClientGone
             chunk = message.get("body", b"")
+            message_more = message.get("more_body", False)
             size += len(chunk)
             if size > self.gw.max_body_bytes:
                 raise ApiError(
@@ -467,10 +470,11 @@ class _Exchange:
                     "too_large",
                     f"request body over the gateway's cap of {self.gw.max_body_bytes} bytes",
                 )
-            chunks.append(chunk)
-            if not message.get("more_body", False):
+            buf += chunk
+            del chunk, message
+            if not message_more:
                 self.size = size
-                return b"".join(chunks)
+                return buf
 
     def session(self) -> GatewaySession:
         key = self.headers.get("x-api-key", "")
