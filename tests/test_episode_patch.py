@@ -6,7 +6,7 @@ import shlex
 from pathlib import Path
 
 from trio_swe import open_sandbox
-from trio_swe.episode import PROBLEM_STATEMENT_FILE, take_patch
+from trio_swe._workspace import PROBLEM_STATEMENT_FILE, take_patch
 from trio_swe.sandbox.local import LocalBackend
 
 BINARY = bytes(range(256)) * 4

@@ -44,8 +44,8 @@ from .grading import (
     run_evaluation,
 )
 from .integrations.slime import generate
-from .results import ResultsWriter, read_results
-from .rollout import open_rollouts, run_rollouts
+from .results import ResultsWriter, group_advantages, read_results
+from .rollout import GroupMember, open_rollouts, plan_groups, run_rollouts
 from .sandbox import (
     EXIT_TIME_BUDGET_EXCEEDED,
     Backend,
@@ -93,6 +93,7 @@ __all__ = [
     "EvalInfrastructureError",
     "EvalResult",
     "ExecResult",
+    "GroupMember",
     "InstanceMetadata",
     "InternalError",
     "InvalidArgumentError",
@@ -133,8 +134,10 @@ __all__ = [
     "exec_and_wait",
     "generate",
     "get_metadata",
+    "group_advantages",
     "open_rollouts",
     "open_sandbox",
+    "plan_groups",
     "read_results",
     "read_samples",
     "register_protocol",

@@ -39,6 +39,8 @@ variable                       meaning                                          
 ``SWE_MAX_CONTEXT_TOKENS``     cap of a sample's tokens; 0 = no cap                     0
 ``SWE_ILL_FORMED_POLICY``      ill-formed turns: ``mask`` (context, loss 0) or         mask
                                ``train`` (trained like the others)
+``SWE_REALIGN_MAX_TOKENS``     realign a rewritten last response shorter than this     0
+                               (slime: 1024); 0: a new sample, no sampled token lost
 ``SWE_BOOT_CONCURRENCY``       sandboxes booting at once, shared by all episodes        16
 ``SWE_BOOT_RETRIES``           boot retries after the first attempt                     2
 ``SWE_BOOT_BACKOFF_SEC``       base of the full-jitter exponential boot backoff         1.0
@@ -181,6 +183,11 @@ class EpisodeBudgets(_Options, frozen=True, kw_only=True):
         max_context_tokens: cap of a sample's tokens (``0``: no cap).
         ill_formed_policy: ``mask`` keeps an ill-formed turn's tokens as context (loss 0; a
             sample with no trained token is dropped), ``train`` trains them like any other.
+        realign_max_tokens: a turn whose prompt rewrites the tail of the last response (a
+            client re-rendering its history) realigns the sample onto the new tokens when that
+            response was shorter than this (slime's gate, 1024 there), dropping the sampled
+            tokens it rewrote; 0 (the default) starts a new sample instead, so every token the
+            engine sampled is trained once, with its log-prob.
     """
 
     agent_time_budget_sec: Annotated[Seconds, env("SWE_AGENT_TIME_BUDGET_SEC")] = 1800.0
@@ -189,9 +196,8 @@ class EpisodeBudgets(_Options, frozen=True, kw_only=True):
     rollout_guard_sec: Annotated[SecondsOrZero, env("SWE_ROLLOUT_GUARD_SEC")] = 0.0
     guard_headroom_sec: Annotated[SecondsOrZero, env("SWE_GUARD_HEADROOM_SEC")] = 180.0
     max_context_tokens: Annotated[Count, env("SWE_MAX_CONTEXT_TOKENS")] = 0
-    ill_formed_policy: Annotated[
-        Literal["mask", "train"], env("SWE_ILL_FORMED_POLICY")
-    ] = "mask"
+    ill_formed_policy: Annotated[Literal["mask", "train"], env("SWE_ILL_FORMED_POLICY")] = "mask"
+    realign_max_tokens: Annotated[Count, env("SWE_REALIGN_MAX_TOKENS")] = 0
 
     @property
     def guard_sec(self) -> float:

@@ -12,7 +12,6 @@ episode instead of training on a fake zero reward.
 from __future__ import annotations
 
 import logging
-import shlex
 import time
 import uuid
 from collections.abc import Mapping
@@ -21,36 +20,28 @@ from typing import Any, Literal
 import msgspec
 import trio
 
+from ._boot import BootingBackend, boot_limiter
 from ._errors import (
     AbortReason,
-    BackendUnavailableError,
     EvalInfrastructureError,
-    PatchFailedError,
-    PermanentBootError,
-    SandboxBootError,
     SandboxError,
-    SandboxFileTooLargeError,
-    SetupFailedError,
     TrioSweError,
 )
 from ._groups import open_private_nursery
-from ._retry import Backoff, retry
+from ._workspace import PROBLEM_STATEMENT_FILE, prepare_workspace, take_patch
 from .agents import Agent, AgentOutcome, AgentTask
 from .config import SweConfig
 from .grading import (
+    EvalArtifacts,
     EvalResult,
     InstanceMetadata,
     evaluability_check,
+    grade,
     resolve_image,
-    run_evaluation,
 )
-from .grading._patch import diff_script
 from .sandbox import (
     Backend,
-    BackendStatistics,
     Sandbox,
-    SandboxSpec,
-    exec_and_wait,
     open_sandbox,
 )
 from .trajectory import Sample, SampleBuilder
@@ -72,15 +63,8 @@ EpisodeStatus = Literal["completed", "truncated", "aborted"]
 
 # AbortReason (why an episode was aborted) lives in _errors.py, next to the errors that carry it.
 
-#: The harness's own files in the workdir, never part of the patch.
-PROBLEM_STATEMENT_FILE = "PROBLEM_STATEMENT.md"
-HARNESS_DIR = ".harness"
-_EXCLUDES = (PROBLEM_STATEMENT_FILE, HARNESS_DIR)
 #: Grace on top of the agent's own budget before the episode cancels an agent that overran it.
 AGENT_GRACE_SEC = 30.0
-_SHORT_TIMEOUT_SEC = 120.0
-#: Problem statements up to this size travel inside the setup command (one spawn fewer).
-_INLINE_STATEMENT_MAX = 64 * 1024
 
 
 class PhaseTimings(msgspec.Struct, kw_only=True):
@@ -133,6 +117,15 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
         boot_attempts: sandbox creations tried (agent and eval sandboxes).
         boot_retries: creations that failed and were retried.
         agent_output: the tail of the agent's transcript or log.
+        group_id: the group this episode belongs to (GRPO: the episodes of one instance in one
+            run; :func:`~trio_swe.rollout.plan_groups` names them). Files written before groups
+            existed read as ``""``: :attr:`group` falls back to the instance id.
+        group_index: the episode's place in its group (0 to n - 1).
+        seed: the sampling seed the agent was given (``sampling_params["seed"]``; each policy
+            call adds its turn index), None when the policy sampled unseeded.
+        eval_artifacts: what the grading ran and saw (eval script, whole test output, report),
+            kept only when asked (``keep_eval_artifacts``: they are large) and never written to
+            results files; the SWE-bench harness's files are made from them.
     """
 
     instance_id: str
@@ -153,6 +146,15 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
     boot_attempts: int = 0
     boot_retries: int = 0
     agent_output: str = ""
+    group_id: str = ""
+    group_index: int = 0
+    seed: int | None = None
+    eval_artifacts: EvalArtifacts | None = None
+
+    @property
+    def group(self) -> str:
+        """:attr:`group_id`, or the instance id for results written before groups existed."""
+        return self.group_id or self.instance_id
 
     @property
     def patch_text(self) -> str:
@@ -163,166 +165,6 @@ class EpisodeResult(msgspec.Struct, kw_only=True):
     def dropped(self) -> bool:
         """True when a trainer should drop this episode (infrastructure failure)."""
         return self.status == "aborted"
-
-
-_BOOT_LIMITER: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar(
-    "trio_swe_boot_limiter"
-)
-
-
-def boot_limiter(config: SweConfig) -> trio.CapacityLimiter:
-    """The boot limiter shared by every episode of the current trio run.
-
-    Created on first use with ``config.boot.concurrency`` tokens; later calls return the same
-    limiter (its ``total_tokens`` can be changed at any time).
-    """
-    try:
-        return _BOOT_LIMITER.get()
-    except LookupError:
-        limiter = trio.CapacityLimiter(config.boot.concurrency)
-        _BOOT_LIMITER.set(limiter)
-        return limiter
-
-
-class _BootingBackend:
-    """Wraps a backend: bounded, jittered retries and the shared limiter around every boot.
-
-    Used for the agent's sandbox and handed to the grader for the eval sandbox, so both boots
-    share the limit and the retry policy, and the episode counts their attempts.
-    """
-
-    def __init__(self, backend: Backend, limiter: trio.CapacityLimiter, config: SweConfig) -> None:
-        self._backend = backend
-        self._limiter = limiter
-        self._config = config
-        self.name = backend.name
-        self.attempts = 0
-        self.retries = 0
-
-    def statistics(self) -> BackendStatistics:
-        return self._backend.statistics()
-
-    async def aclose(self) -> None:
-        """The wrapped backend belongs to the caller: nothing to close here."""
-
-    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
-        boot = self._config.boot
-        backoff = Backoff(
-            attempts=boot.retries + 1, base_sec=boot.backoff_sec, max_sec=boot.backoff_max_sec
-        )
-
-        async def attempt(n: int) -> Sandbox:
-            self.attempts += 1
-            async with self._limiter:
-                return await self._backend.create_sandbox(spec, nursery)
-
-        def count_retry(n: int, exc: Exception) -> None:
-            self.retries += 1
-            logger.warning(
-                "boot attempt %d/%d of %s failed: %s", n, backoff.attempts, spec.image, exc
-            )
-
-        try:
-            return await retry(
-                attempt,
-                backoff,
-                retry_on=(SandboxError,),
-                # This machine or this spec cannot do it; retrying will not help.
-                give_up_on=(BackendUnavailableError, PermanentBootError),
-                on_retry=count_retry,
-            )
-        except (BackendUnavailableError, PermanentBootError):
-            raise
-        except SandboxError as exc:
-            raise SandboxBootError(
-                f"sandbox for {spec.image!r} did not boot after {backoff.attempts} attempts: {exc}"
-            ) from exc
-
-
-async def _prepare_workspace(
-    sb: Sandbox, md: InstanceMetadata, agent_user: str, config: SweConfig
-) -> str:
-    """Run the pre-commands, make the workdir the agent's, write the problem statement.
-
-    Returns the base commit the patch will be taken against (recorded after the pre-commands,
-    which often check out the instance's base).
-    """
-    wd = shlex.quote(md.workdir)
-    script = md.setup_script()
-    if script is not None:
-        result = await exec_and_wait(
-            sb,
-            script,
-            time_budget_sec=config.episode.setup_timeout_sec,
-            user="root",
-            workdir=md.workdir,
-            want_output=True,
-        )
-        if not result.ok:
-            raise SetupFailedError(
-                f"pre-commands failed (exit {result.exit_code}, {result.reason}): "
-                f"{result.output[-500:]}",
-            )
-    # One command: give a non-git workdir a repository (so the patch has a base), keep the
-    # harness's files out of git, write the problem statement, hand the tree to the agent, and
-    # print the base commit last. Each exec is a process spawn, so they are batched.
-    statement_path = f"{md.workdir.rstrip('/')}/{PROBLEM_STATEMENT_FILE}"
-    inline = len(md.problem_statement.encode()) <= _INLINE_STATEMENT_MAX
-    excludes = "".join(f"/{name}\n" for name in _EXCLUDES)
-    steps = [
-        f"cd {wd}",
-        "(git rev-parse -q --verify HEAD >/dev/null || (git init -q && git add -A && "
-        "git -c user.name=trio-swe -c user.email=trio-swe@localhost commit -q "
-        "--allow-empty -m base))",
-        f"printf %s {shlex.quote(excludes)} >> .git/info/exclude",
-    ]
-    if inline:
-        steps.append(
-            f"printf %s {shlex.quote(md.problem_statement)} > {shlex.quote(statement_path)}"
-        )
-    if agent_user != "root":
-        user = shlex.quote(agent_user)
-        # Images without the user (plain E2B templates) get one, as slime's harness does.
-        steps.append(f"(id -u {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user})")
-        steps.append(f"chown -R {user}: .")
-    steps.append("git rev-parse HEAD")
-    prep = await sb.exec(" && ".join(steps), user="root", timeout=_SHORT_TIMEOUT_SEC)
-    lines = prep.output.strip().splitlines()
-    commit = lines[-1].strip() if prep.ok and lines else ""
-    if len(commit) < 40 or not all(c in "0123456789abcdef" for c in commit):
-        raise SetupFailedError(f"workspace preparation failed: {prep.output[-300:]}")
-    if not inline:
-        await sb.write_file(statement_path, md.problem_statement, user=agent_user)
-    return commit
-
-
-async def take_patch(sb: Sandbox, workdir: str, base_commit: str, *, agent_user: str) -> bytes:
-    """The agent's change, as bytes: new files included (``git add -N``), binary-safe, against
-    the base.
-
-    The agent's leftover processes are killed first so the tree is not changing under ``git``.
-    Harness files (the problem statement, ``.harness/``) are excluded. Nothing the agent
-    configured in git (hooks, fsmonitor, filters...) runs: see :func:`~.grading._patch.diff_script`.
-    """
-    token = uuid.uuid4().hex[:12]
-    out = f"/tmp/trio_swe-patch-{token}.diff"
-    err = f"/tmp/trio_swe-patch-{token}.err"  # stderr must not mix into the patch
-    kill = f"pkill -KILL -u {shlex.quote(agent_user)} 2>/dev/null\n" if agent_user != "root" else ""
-    script = diff_script(
-        workdir=workdir, base_commit=base_commit, out_path=out, err_path=err, excludes=_EXCLUDES
-    )
-    # The diff goes to a file and to stdout: a short one arrives with the exec's output, a long
-    # one (the exec's output is capped) is read back from the file, and so is one that was not
-    # UTF-8 (the output is decoded with replacement characters; the file has the bytes).
-    result = await sb.exec(kill + script, user="root", timeout=_SHORT_TIMEOUT_SEC)
-    if not result.ok:
-        raise PatchFailedError(f"git diff failed (exit {result.exit_code}): {result.output}")
-    if not result.output_truncated and "\ufffd" not in result.output:
-        return result.output.encode()
-    try:
-        return await sb.read_file(out)
-    except SandboxFileTooLargeError as exc:
-        raise PatchFailedError(f"the agent's patch is too large to take: {exc}") from exc
 
 
 def _status_of(outcome: AgentOutcome) -> EpisodeStatus:
@@ -342,6 +184,9 @@ async def run_episode(
     limiter: trio.CapacityLimiter | None = None,
     network: bool = True,
     build_samples: bool = True,
+    group_id: str | None = None,
+    group_index: int = 0,
+    keep_eval_artifacts: bool = False,
 ) -> EpisodeResult:
     """Run one episode of ``agent`` on instance ``md`` and grade it.
 
@@ -363,6 +208,10 @@ async def run_episode(
         limiter: the boot limiter; :func:`boot_limiter` of this trio run when None.
         network: whether the agent's sandbox gets network access.
         build_samples: False skips the samples (evaluation runs).
+        group_id: the episode's group (default: the instance id); see :attr:`EpisodeResult.group_id`.
+        group_index: its place in the group.
+        keep_eval_artifacts: keep what the grading ran and saw in
+            :attr:`EpisodeResult.eval_artifacts` (to write the harness's files).
 
     Returns:
         The result; see :class:`EpisodeResult`.
@@ -373,10 +222,12 @@ async def run_episode(
     episode = _Episode(
         md,
         agent,
-        _BootingBackend(backend, limiter or boot_limiter(cfg), cfg),
+        BootingBackend(backend, limiter or boot_limiter(cfg), cfg),
         cfg,
         episode_id=episode_id or f"{md.instance_id}#{uuid.uuid4().hex[:12]}",
         sampling_params=sampling_params,
+        group=(group_id or md.instance_id, group_index),
+        keep_eval_artifacts=keep_eval_artifacts,
     )
     started = time.monotonic()
     abort: tuple[AbortReason, str] | None = None
@@ -414,13 +265,18 @@ class _Episode:
         self,
         md: InstanceMetadata,
         agent: Agent,
-        backend: _BootingBackend,
+        backend: BootingBackend,
         config: SweConfig,
         *,
         episode_id: str,
         sampling_params: Mapping[str, Any] | None,
+        group: tuple[str, int],
+        keep_eval_artifacts: bool = False,
     ) -> None:
         self.md = md
+        self.group = group
+        self.keep_eval_artifacts = keep_eval_artifacts
+        self.eval_artifacts: EvalArtifacts | None = None
         self.agent = agent
         self.backend = backend
         self.config = config
@@ -446,7 +302,7 @@ class _Episode:
                 self.md.image,
                 workdir=self.md.workdir,
                 # Agents that reach only their gateway (the CLI agents) ask for no network.
-                network=network and bool(getattr(self.agent, "sandbox_network", True)),
+                network=network and self.agent.sandbox_network,
                 ttl_sec=self.config.guard_sec,
                 metadata={
                     "instance_id": self.md.instance_id[:200],
@@ -480,7 +336,7 @@ class _Episode:
         md, cfg, timings = self.md, self.config, self.timings
         user = self.agent.user
         t1 = time.monotonic()
-        self.base_commit = base = await _prepare_workspace(sb, md, user, cfg)
+        self.base_commit = base = await prepare_workspace(sb, md, user, cfg)
         t2 = time.monotonic()
         timings.setup = t2 - t1
         task = AgentTask(
@@ -509,11 +365,14 @@ class _Episode:
     async def _grade(self) -> EvalResult:
         """Grade the patch in a fresh sandbox; its infrastructure failures abort the episode."""
         try:
-            return await run_evaluation(
+            graded = await grade(
                 self.backend, self.md, self.patch, timeout_sec=self.config.episode.eval_timeout_sec
             )
         except SandboxError as exc:
             raise EvalInfrastructureError(f"{type(exc).__name__}: {exc}") from exc
+        if self.keep_eval_artifacts:
+            self.eval_artifacts = graded.artifacts
+        return graded.result
 
     def _samples(self) -> list[Sample]:
         outcome, eval_result = self.outcome, self.eval_result
@@ -527,6 +386,7 @@ class _Episode:
             max_sample_tokens=self.config.episode.max_context_tokens or None,
             append_only=self.agent.append_only,
             ill_formed_policy=self.config.episode.ill_formed_policy,
+            fork_threshold_tokens=self.config.episode.realign_max_tokens,
         )
         for turn in outcome.turns:
             builder.add(turn)
@@ -566,4 +426,13 @@ class _Episode:
             timings=self.timings,
             boot_attempts=self.backend.attempts,
             boot_retries=self.backend.retries,
+            group_id=self.group[0],
+            group_index=self.group[1],
+            seed=_seed_of(self.sampling_params),
+            eval_artifacts=self.eval_artifacts,
         )
+
+
+def _seed_of(params: Mapping[str, Any]) -> int | None:
+    seed = params.get("seed")
+    return int(seed) if seed is not None else None

@@ -6,10 +6,12 @@ at most the frame it was writing; reopening the file drops that cut frame and re
 :func:`read_results` is the public reader: it returns every intact frame. ``trio-swe run``
 writes these files; ``trio-swe results`` reads them and exports them as JSON Lines
 (:func:`results_jsonl`) or as SWE-bench's ``predictions.jsonl`` (:func:`predictions_jsonl`).
+:func:`group_advantages` computes GRPO's group-normalised advantages from the results alone.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from collections.abc import Callable, Iterable
@@ -17,12 +19,15 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from .episode import EpisodeResult
+from .grading import HarnessOutputs
 from .trajectory import decode_sample, encode_sample, encode_sample_json
 
 __all__ = [
     "ResultsWriter",
     "decode_result",
     "encode_result",
+    "group_advantages",
+    "harness_record",
     "predictions_jsonl",
     "read_results",
     "results_jsonl",
@@ -42,7 +47,8 @@ _frame_decoder = msgspec.msgpack.Decoder(_Frame)
 def encode_result(result: EpisodeResult) -> bytes:
     """One length-prefixed msgpack frame: the result, its samples encoded by ``encode_sample``."""
     frame = _Frame(
-        result=msgspec.structs.replace(result, samples=[]),
+        # The grading's artifacts (whole test logs) go to the harness's files, not here.
+        result=msgspec.structs.replace(result, samples=[], eval_artifacts=None),
         samples=[encode_sample(s) for s in result.samples],
     )
     body = msgspec.msgpack.encode(frame)
@@ -194,6 +200,46 @@ def predictions_jsonl(results: Iterable[EpisodeResult], *, model: str) -> list[b
         + b"\n"
         for r in last.values()
     ]
+
+
+def harness_record(outputs: HarnessOutputs, result: EpisodeResult) -> None:
+    """Write ``result``'s grading into the SWE-bench harness's files (its instance folder).
+
+    Needs the grading's artifacts (``keep_eval_artifacts=True`` on the run) for ``eval.sh``,
+    ``test_output.txt`` and ``report.json``. An episode that never reached grading writes
+    nothing (the run report counts its instance as incomplete); one whose grading failed
+    writes its folder with the error.
+    """
+    patch = result.patch.decode("utf-8", "surrogateescape")
+    if result.eval_result is not None:
+        outputs.record(result.instance_id, patch, result.eval_result, result.eval_artifacts)
+    elif result.abort_reason == "eval_infrastructure":
+        outputs.record(result.instance_id, patch, None, None, note=result.error or "")
+
+
+def group_advantages(results: Iterable[EpisodeResult], *, eps: float = 1e-6) -> dict[str, float]:
+    """GRPO's advantages: ``(reward - group mean) / (group std + eps)``, by ``episode_id``.
+
+    Groups are the results' ``group_id`` (:attr:`EpisodeResult.group`); nothing else is needed
+    (no join with the instances). Aborted episodes (infrastructure failures) are left out of
+    their group's statistics and get no advantage: their 0 reward is not the model's. When a
+    group member was run more than once (a rerun of a resumed file), its last finished result
+    counts. The std is the population's (ddof 0): a group of one, or of equal rewards, gets
+    advantages 0.
+    """
+    members: dict[str, dict[int, EpisodeResult]] = {}
+    for result in results:
+        if result.status != "aborted":
+            members.setdefault(result.group, {})[result.group_index] = result
+    advantages: dict[str, float] = {}
+    for group in members.values():
+        rewards = [r.reward for r in group.values()]
+        mean = math.fsum(rewards) / len(rewards)
+        std = math.sqrt(math.fsum((x - mean) ** 2 for x in rewards) / len(rewards))
+        scale = std + eps
+        for r in group.values():
+            advantages[r.episode_id] = (r.reward - mean) / scale if scale else 0.0
+    return advantages
 
 
 def _enc_hook(obj: object) -> object:

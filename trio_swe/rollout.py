@@ -10,39 +10,103 @@ slime's generate function lives in :mod:`trio_swe.integrations.slime`, results f
 
 from __future__ import annotations
 
+import collections
+import hashlib
 import math
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 import trio
 
+from ._boot import boot_limiter
 from ._errors import ConfigError
 from ._groups import open_private_nursery
 from .agents import Agent
 from .config import SweConfig
-from .episode import EpisodeResult, boot_limiter, run_episode
+from .episode import EpisodeResult, run_episode
 from .grading import InstanceMetadata
 from .sandbox import Backend
 
-__all__ = ["open_rollouts", "run_rollouts"]
+__all__ = ["GroupMember", "episode_seed", "open_rollouts", "plan_groups", "run_rollouts"]
+
+#: Seeds stay below 2**30, so a seed plus a turn index (what agents send) fits in an int32.
+_SEED_BITS = 30
+
+
+class GroupMember(NamedTuple):
+    """One episode to run: the instance, its group and its place in the group."""
+
+    md: InstanceMetadata
+    group_id: str
+    group_index: int
+
+
+def plan_groups(
+    instances: Iterable[InstanceMetadata],
+    n_per_instance: int = 1,
+    *,
+    done: Collection[tuple[str, int]] = (),
+) -> Iterator[GroupMember]:
+    """The episodes of ``instances``: ``n_per_instance`` per instance, lazily, in order.
+
+    An instance's group is its id; an instance that appears again in ``instances`` (a dataset
+    that repeats rows for more samples) makes a group of its own per occurrence,
+    ``ID~1``, ``ID~2``... The names depend only on ``instances``' order, so a rerun over the
+    same instances names the same groups. Members whose ``(group_id, group_index)`` is in
+    ``done`` (a resumed run's finished episodes) are left out.
+    """
+    if n_per_instance < 1:
+        raise ConfigError(f"n_per_instance must be >= 1, not {n_per_instance}")
+    seen: collections.Counter[str] = collections.Counter()
+    for md in instances:
+        yield from _group_of(md, seen, n_per_instance, done)
+
+
+def episode_seed(group_id: str, group_index: int, run_seed: int | None = None) -> int:
+    """The sampling seed of one group member: stable, distinct per member, below 2**30.
+
+    A hash of the run's seed (when there is one), the group and the index: the same run seed
+    gives the same episodes' seeds on every rerun (a resumed run too), another run seed others.
+    """
+    key = f"{'' if run_seed is None else int(run_seed)}\0{group_id}\0{group_index}".encode()
+    digest = hashlib.blake2b(key, digest_size=8).digest()
+    return int.from_bytes(digest, "big") >> (64 - _SEED_BITS)
+
+
+def _member_params(
+    member: GroupMember, sampling_params: Mapping[str, Any] | None, n_per_instance: int
+) -> Mapping[str, Any] | None:
+    """The sampling parameters of one member: its own seed when the run is seeded or grouped.
+
+    Ungrouped runs without a seed sample unseeded, as before groups existed.
+    """
+    run_seed = (sampling_params or {}).get("seed")
+    if run_seed is None and n_per_instance == 1:
+        return sampling_params
+    seed = episode_seed(member.group_id, member.group_index, run_seed)
+    return {**(sampling_params or {}), "seed": seed}
 
 
 @asynccontextmanager
 async def open_rollouts(
-    instances: Iterable[InstanceMetadata],
+    instances: Iterable[InstanceMetadata | GroupMember],
     agent: Agent,
     *,
     backend: Backend,
     config: SweConfig | None = None,
     concurrency: int = 4,
+    n_per_instance: int = 1,
+    done: Collection[tuple[str, int]] = (),
     sampling_params: Mapping[str, Any] | None = None,
     network: bool = True,
     build_samples: bool = True,
+    keep_eval_artifacts: bool = False,
     episode_id: Callable[[InstanceMetadata], str] | None = None,
     on_start: Callable[[InstanceMetadata], None] | None = None,
 ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
-    """Run one episode per instance, at most ``concurrency`` at a time; stream the results.
+    """Run ``n_per_instance`` episodes per instance, at most ``concurrency`` at a time; stream
+    the results.
 
     Use it as an async context manager whose value is an async iterator of results, in the
     order they finish::
@@ -54,30 +118,46 @@ async def open_rollouts(
     Leaving the block before the iterator is exhausted cancels the episodes still running.
     Instances are pulled from ``instances`` lazily, only when a slot is free.
 
+    Groups (GRPO): each instance's ``n_per_instance`` episodes are a group (see
+    :func:`plan_groups`); every episode has its own sandbox and its own seed
+    (:func:`episode_seed` of ``sampling_params["seed"]`` when given), put in the sampling
+    parameters its agent uses; each result carries ``group_id`` and ``group_index``, and
+    :func:`trio_swe.results.group_advantages` computes the advantages from a results file.
+
     Args:
-        instances: the instances (from :func:`trio_swe.grading.get_metadata`).
+        instances: the instances (from :func:`trio_swe.grading.get_metadata`), or the
+            members :func:`plan_groups` made (a resumed run's remaining episodes), run as they
+            are.
         agent: the agent every episode uses (it must be safe to run concurrently, as the
             built-in agents are).
         backend: where sandboxes come from.
         config: budgets and limits; :meth:`SweConfig.from_env` when None.
         concurrency: episodes running at once (boots are further limited by
             ``config.boot.concurrency``).
-        sampling_params: SGLang sampling parameters for every policy call.
+        n_per_instance: episodes per instance (a group each).
+        done: ``(group_id, group_index)`` of episodes already finished: not run again.
+        sampling_params: sampling parameters for every policy call (a ``seed`` in them is the
+            run's seed, from which each episode's own is derived).
         network: whether agent sandboxes get network access.
         build_samples: False skips building samples.
+        keep_eval_artifacts: each result keeps what its grading ran and saw
+            (:attr:`EpisodeResult.eval_artifacts`), e.g. to write the SWE-bench harness's files.
         episode_id: makes each episode's id from its instance (default: a fresh unique id).
         on_start: called as each episode starts (progress displays).
     """
     if concurrency < 1:
         raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
+    if n_per_instance < 1:
+        raise ConfigError(f"n_per_instance must be >= 1, not {n_per_instance}")
     cfg = config if config is not None else SweConfig.from_env()
     shared_boot = boot_limiter(cfg)
     send, receive = trio.open_memory_channel[EpisodeResult](math.inf)
     slots = trio.CapacityLimiter(concurrency)
 
     async def one(
-        md: InstanceMetadata, borrower: object, out: trio.MemorySendChannel[EpisodeResult]
+        member: GroupMember, borrower: object, out: trio.MemorySendChannel[EpisodeResult]
     ) -> None:
+        md = member.md
         async with out:
             if on_start is not None:
                 on_start(md)
@@ -88,10 +168,13 @@ async def open_rollouts(
                     backend=backend,
                     config=cfg,
                     episode_id=episode_id(md) if episode_id is not None else None,
-                    sampling_params=sampling_params,
+                    sampling_params=_member_params(member, sampling_params, n_per_instance),
                     limiter=shared_boot,
                     network=network,
                     build_samples=build_samples,
+                    group_id=member.group_id,
+                    group_index=member.group_index,
+                    keep_eval_artifacts=keep_eval_artifacts,
                 )
             finally:
                 slots.release_on_behalf_of(borrower)
@@ -99,10 +182,10 @@ async def open_rollouts(
 
     async def drive(nursery: trio.Nursery) -> None:
         async with send:
-            for md in instances:
-                borrower = object()  # equal instances (n samples per prompt) need their own token
+            for member in _members(instances, n_per_instance, done):
+                borrower = object()  # a group's members are equal: each needs its own token
                 await slots.acquire_on_behalf_of(borrower)
-                nursery.start_soon(one, md, borrower, send.clone())
+                nursery.start_soon(one, member, borrower, send.clone())
 
     # The nursery is ours: the consumer's own exception comes out as itself, not in a group.
     async with open_private_nursery("an episode of run_rollouts") as nursery:
@@ -111,6 +194,34 @@ async def open_rollouts(
             yield receive
         # The consumer is done (exhausted the results, or left early): stop what still runs.
         nursery.cancel_scope.cancel()
+
+
+def _members(
+    items: Iterable[InstanceMetadata | GroupMember],
+    n_per_instance: int,
+    done: Collection[tuple[str, int]],
+) -> Iterator[GroupMember]:
+    """Instances planned into groups (lazily); members planned already pass as they are."""
+    seen: collections.Counter[str] = collections.Counter()
+    for item in items:
+        if isinstance(item, GroupMember):
+            yield item
+        else:
+            yield from _group_of(item, seen, n_per_instance, done)
+
+
+def _group_of(
+    md: InstanceMetadata,
+    seen: collections.Counter[str],
+    n_per_instance: int,
+    done: Collection[tuple[str, int]],
+) -> Iterator[GroupMember]:
+    occurrence = seen[md.instance_id]
+    seen[md.instance_id] += 1
+    group_id = md.instance_id if occurrence == 0 else f"{md.instance_id}~{occurrence}"
+    for index in range(n_per_instance):
+        if (group_id, index) not in done:
+            yield GroupMember(md, group_id, index)
 
 
 #: The same as :func:`open_rollouts` (its first name; trio names resource openers ``open_*``).

@@ -88,7 +88,7 @@ def check_episode(
 async def test_bash_agent_samples_are_what_the_engine_sampled(
     engine: VLLMEngine, checkpoint: Path, tmp_path: Path, temperature: float, ill_formed: str
 ) -> None:
-    demo, mds, backend = build_demo(tmp_path)
+    _, mds, backend = build_demo(tmp_path)
     model = ChatModel.from_checkpoint(checkpoint, tools=BashAgent.TOOLS)
     config = demo_config(agent_time_budget_sec=120.0, ill_formed_policy=ill_formed)
     async with VLLMPolicy(engine.url, vocab_size=len(model)) as vllm:

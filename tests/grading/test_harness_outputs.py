@@ -175,13 +175,9 @@ def test_instance_folders_are_what_swebench_grades(
 
 
 async def test_scaleswe_gradings_write_the_same_outputs(tmp_path: Path) -> None:
-    """Any grading inside harness_outputs() (as in `trio-swe run --harness-dir`) writes them."""
-    from trio_swe.grading import (
-        HarnessOutputs,
-        harness_outputs,
-        local_backend_shims,
-        run_evaluation,
-    )
+    """A scaleswe grading returns what the harness's files need (its eval script, test output
+    and a report it makes from the statuses); the consumer writes them."""
+    from trio_swe.grading import HarnessOutputs, grade, local_backend_shims
     from trio_swe.sandbox.local import LocalBackend
 
     calc = build_calc_repo(tmp_path / "src")
@@ -193,8 +189,9 @@ async def test_scaleswe_gradings_write_the_same_outputs(tmp_path: Path) -> None:
     )
     outputs = HarnessOutputs(tmp_path / "out", "r1", MODEL)
     md = get_metadata(calc.scaleswe_f2p_row(), "scaleswe")
-    with harness_outputs(outputs):
-        result = await run_evaluation(backend, md, calc.break_p2p, timeout_sec=60)
+    graded = await grade(backend, md, calc.break_p2p, timeout_sec=60)
+    result = graded.result
+    outputs.record(md.instance_id, calc.break_p2p, result, graded.artifacts)
     assert result.reason == "tests_failed"
     d = outputs.instance_dir(md.instance_id)
     report = json.loads((d / "report.json").read_text())[md.instance_id]

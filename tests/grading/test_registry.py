@@ -13,6 +13,7 @@ import trio_swe
 from trio_swe import ConfigError, InvalidArgumentError
 from trio_swe.grading import (
     EvalResult,
+    Graded,
     InstanceMetadata,
     _registry,
     available_protocols,
@@ -39,16 +40,18 @@ class _Always:
     def evaluability_check(self, md: InstanceMetadata) -> str | None:
         return None
 
-    async def run_evaluation(
-        self, backend: Backend, md: InstanceMetadata, patch: str, *, timeout_sec: float
-    ) -> EvalResult:
-        return EvalResult(
-            reward=1.0,
-            resolved=True,
-            applied_cleanly=True,
-            reason="resolved",
-            protocol="always",
-            instance_id=md.instance_id,
+    async def grade(
+        self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
+    ) -> Graded:
+        return Graded(
+            result=EvalResult(
+                reward=1.0,
+                resolved=True,
+                applied_cleanly=True,
+                reason="resolved",
+                protocol="always",
+                instance_id=md.instance_id,
+            )
         )
 
     def unavailable_reason(self) -> str | None:

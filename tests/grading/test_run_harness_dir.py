@@ -90,6 +90,8 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> tuple[CalcRepo, Path, list[
     out = trio.run(run)
     text = out.stdout.decode() + out.stderr.decode()
     assert out.returncode == 0, text
+    # swebench's import makes the root logger INFO: httpx's per-request lines stay out.
+    assert "HTTP Request:" not in text, text
     assert f"harness outputs: {tmp / 'harness' / f'{MODEL}.{RUN_ID}.json'}" in text
     return calc, tmp, rows
 
@@ -200,7 +202,9 @@ def test_instance_folders_are_what_swebench_grades(
 
 def test_run_s_local_backend_options(tmp_path: Path) -> None:
     from trio_swe import ConfigError
-    from trio_swe.cli import _config_from_args, _local_options, _parser
+    from trio_swe.cli._parser import build_parser as _parser
+    from trio_swe.cli.run import config_from_args as _config_from_args
+    from trio_swe.cli.run import local_options as _local_options
 
     def options(*argv: str) -> dict[str, Any] | None:
         args = _parser().parse_args(["run", "rows.jsonl", *argv])

@@ -15,12 +15,14 @@ from __future__ import annotations
 from .._errors import PromptTooLongError
 from . import _cli as _cli  # registers the CLI agents
 from ._bash_agent import BashAgent, parse_command, render_first_prompt
-from ._cli import CliAgent, cli_agent_host_paths
+from ._cli import CLI_AGENTS, CliAgent, cli_agent_host_paths
 from ._harness import AgentInstallError, NpmCliAgent, install_npm_cli, run_agent
+from ._install import ensure_installed
 from ._registry import AgentFactory, available_agents, check_agent, create_agent, register_agent
 from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent
 
 __all__ = [
+    "CLI_AGENTS",
     "Agent",
     "AgentFactory",
     "AgentFinish",
@@ -36,6 +38,7 @@ __all__ = [
     "check_agent",
     "cli_agent_host_paths",
     "create_agent",
+    "ensure_installed",
     "install_npm_cli",
     "parse_command",
     "register_agent",

@@ -293,8 +293,10 @@ class BashAgent(BaseAgent):
             )
             if len(chat.ids) >= limit:
                 raise PromptTooLongError(len(chat.ids), limit, exact=True)
-            for _ in range(self.max_turns):
+            for turn in range(self.max_turns):
                 call_params = dict(params)
+                if params.get("seed") is not None:  # no two calls of an episode share a seed
+                    call_params["seed"] = int(params["seed"]) + turn
                 if cap:
                     room = cap - len(chat.ids)
                     if room <= 0:

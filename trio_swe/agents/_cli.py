@@ -530,6 +530,13 @@ def _cli_factory(name: str) -> AgentFactory:
         from ..models import load_tokenizer
         from ..policy import open_policy, vocabulary_size
 
+        try:  # once here, rather than an internal_error in every episode's gateway
+            import hypercorn  # noqa: F401
+        except ImportError:
+            raise ConfigError(
+                f"SWE_AGENT={name} runs through the recording gateway, which needs hypercorn: "
+                "pip install 'trio-swe[gateway]'"
+            ) from None
         path = config.bash.tokenizer
         if not path:
             raise ConfigError(

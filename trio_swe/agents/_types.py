@@ -87,11 +87,14 @@ class Agent(Protocol):
         user: the sandbox user it works as; the episode hands the workdir to this user.
         append_only: its token history only ever grows (each prompt extends the previous one
             with the sampled ids), so the episode builds samples in strict mode.
+        sandbox_network: its sandbox needs a network (False: the agent reaches only its
+            gateway, as the CLI agents do, and the episode asks for a sandbox without one).
     """
 
     name: str
     user: str
     append_only: bool
+    sandbox_network: bool
 
     async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
         """Work on ``task`` in ``sandbox`` (already prepared) within ``task.time_budget_sec``."""
@@ -103,12 +106,13 @@ class Agent(Protocol):
 
 
 class BaseAgent(trio.abc.AsyncResource):
-    """Defaults for :class:`Agent` implementations: user ``agent``, not append-only, and an
-    ``aclose`` that owns nothing."""
+    """Defaults for :class:`Agent` implementations: user ``agent``, not append-only, a sandbox
+    with a network, and an ``aclose`` that owns nothing."""
 
     name: str = "agent"
     user: str = "agent"
     append_only: bool = False
+    sandbox_network: bool = True
 
     async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
         """Work on ``task``; see :class:`Agent`."""

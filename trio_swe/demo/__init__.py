@@ -23,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from ._cli_scripts import cli_scripts
 from ._instances import DEMO_INSTANCES, DemoInstance
 from ._policy_server import (
     ScriptedCompletion,
@@ -40,6 +41,7 @@ __all__ = [
     "ScriptedPolicyServer",
     "ScriptedServerStatistics",
     "build_demo_set",
+    "cli_scripts",
     "open_scripted_policy_server",
     "scripted_logprob",
 ]

@@ -164,6 +164,7 @@ class Placement(msgspec.Struct, kw_only=True):
     history: Any = None  # the chain's history when placed
     transcript_length: int = 0
     boundaries: tuple[int, ...] = ()
+    request: int = 0  # the request's index in the session (a seeded session's seed offset)
 
 
 class Draft(msgspec.Struct, kw_only=True):
@@ -329,11 +330,13 @@ class Session:
         # What build() reads of the chain, taken now: a chain's history and transcript are
         # replaced (never changed in place) when a turn is recorded, so this stays whole
         # while build() runs in a worker thread.
+        request = self._stats["requests"] - 1
         if best is None:
-            return Placement(conversation=conv, side=side)
+            return Placement(conversation=conv, side=side, request=request)
         return Placement(
             conversation=conv,
             side=side,
+            request=request,
             chain=best,
             matched=best_n,
             history=best.history,
@@ -394,7 +397,12 @@ class Session:
                             keep_sampled=self.keep_sampled,
                         )
                         pending = self._pending(
-                            conv, history, chain=best, side=side, tip=len(boundaries)
+                            conv,
+                            history,
+                            chain=best,
+                            side=side,
+                            tip=len(boundaries),
+                            request=placement.request,
                         )
                         pending.delta_tokens = len(history.ids) - before
                         return pending
@@ -415,7 +423,9 @@ class Session:
             history = model.start(messages, max_tokens=cap)
         except ConfigError as exc:  # tools or messages the chat template cannot render
             raise ApiError(400, "invalid_request", str(exc)) from exc
-        pending = self._pending(conv, history, chain=None, side=side, forked=forked)
+        pending = self._pending(
+            conv, history, chain=None, side=side, forked=forked, request=placement.request
+        )
         pending.rendered_tokens = len(history.ids)
         return pending
 
@@ -434,6 +444,7 @@ class Session:
         side: bool,
         forked: bool = False,
         tip: int = 0,
+        request: int = 0,
     ) -> Pending:
         params = dict(self.sampling_params)
         cap = int(params.get("max_new_tokens") or DEFAULT_MAX_NEW_TOKENS)
@@ -445,6 +456,8 @@ class Session:
             room = self.max_context_tokens - len(prompt)
             cap = max(min(cap, room), 0)
         params["max_new_tokens"] = cap
+        if params.get("seed") is not None:  # no two requests of a session share a seed
+            params["seed"] = int(params["seed"]) + request
         params.setdefault("skip_special_tokens", False)
         params.setdefault("no_stop_trim", True)
         return Pending(

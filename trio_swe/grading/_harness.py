@@ -15,75 +15,25 @@ Layout (as ``python -m swebench.harness.run_evaluation`` writes it, relative to 
 for a graded test log, so the run report counts the rest (patch not applied, timeouts,
 infrastructure) as errors, as the harness does; empty patches are ``empty_patch`` instances.
 
-Grading code fills an :class:`EvalArtifacts` through :func:`current_artifacts` while a
-:class:`HarnessOutputs` is active (:func:`harness_outputs`); otherwise nothing is kept.
+Nothing here runs a grading: a protocol's ``grade`` returns what it graded (an
+:class:`~trio_swe.grading.Graded`: the result and its :class:`~trio_swe.grading.EvalArtifacts`),
+and whoever consumes it (``trio-swe grade``, ``trio-swe run --harness-dir``) hands it to
+:meth:`HarnessOutputs.record`.
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
 import os
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from ._result import EvalResult
+from ._result import EvalArtifacts, EvalResult
 
 RUN_EVALUATION_LOG_DIR: Final = Path("logs/run_evaluation")
 #: Outcomes whose test log was graded: they get a ``report.json``.
 GRADED_REASONS: Final = frozenset({"resolved", "tests_failed", "log_ungradable"})
-
-
-@dataclass
-class EvalArtifacts:
-    """What one grading ran and saw (filled by the protocols)."""
-
-    eval_script: str = ""
-    test_output: str = ""
-    #: The per-instance report (``get_eval_report``'s value for the instance), when known.
-    report: dict[str, Any] | None = None
-
-
-_ARTIFACTS: contextvars.ContextVar[EvalArtifacts | None] = contextvars.ContextVar(
-    "trio_swe_eval_artifacts", default=None
-)
-_OUTPUTS: contextvars.ContextVar[HarnessOutputs | None] = contextvars.ContextVar(
-    "trio_swe_harness_outputs", default=None
-)
-
-
-def current_artifacts() -> EvalArtifacts | None:
-    """The collector of the grading running in this context, if outputs are being written."""
-    return _ARTIFACTS.get()
-
-
-@contextmanager
-def collecting(artifacts: EvalArtifacts | None) -> Iterator[EvalArtifacts | None]:
-    """Make ``artifacts`` the collector of gradings in this context (None: collect nothing)."""
-    token = _ARTIFACTS.set(artifacts)
-    try:
-        yield artifacts
-    finally:
-        _ARTIFACTS.reset(token)
-
-
-def active_outputs() -> HarnessOutputs | None:
-    """The :class:`HarnessOutputs` gradings in this context write to, if any."""
-    return _OUTPUTS.get()
-
-
-@contextmanager
-def harness_outputs(outputs: HarnessOutputs) -> Iterator[HarnessOutputs]:
-    """Every :func:`~trio_swe.grading.run_evaluation` in this context (and in trio tasks started
-    from it) writes its instance folder and prediction to ``outputs``."""
-    token = _OUTPUTS.set(outputs)
-    try:
-        yield outputs
-    finally:
-        _OUTPUTS.reset(token)
 
 
 def tests_status_report(
@@ -95,7 +45,8 @@ def tests_status_report(
 
     def split(tests: Sequence[str]) -> dict[str, list[str]]:
         ok = [t for t in tests if status_of(result.tests_status, t) in ("PASSED", "XFAIL")]
-        return {"success": ok, "failure": [t for t in tests if t not in ok]}
+        passed = set(ok)  # rows list thousands of PASS_TO_PASS tests
+        return {"success": ok, "failure": [t for t in tests if t not in passed]}
 
     return {
         "patch_is_None": False,

@@ -215,6 +215,18 @@ def _instance_id(src: _Sources, row: Mapping[str, Any]) -> str:
     return iid.strip() or "unknown"
 
 
+def instance_id_of(row: Mapping[str, Any]) -> str:
+    """The row's instance id as :func:`get_metadata` reads it, whatever the row's shape
+    (a flat ``instance_id``, slime's ``metadata.instance_id`` or ``label``); ``"unknown"``
+    when it has none.
+
+    Raises:
+        MetadataError: the id is malformed (not text, too long, a newline).
+    """
+    src, _ = _layers(row, rem_first=False)
+    return _instance_id(src, row)
+
+
 def _problem_statement(src: _Sources, row: Mapping[str, Any]) -> str:
     value, field = src.find("problem_statement")
     if value is not None:

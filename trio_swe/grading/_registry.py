@@ -11,7 +11,7 @@ from .._errors import ConfigError, InvalidArgumentError
 
 if TYPE_CHECKING:
     from ..sandbox import Backend
-    from ._result import EvalResult
+    from ._result import Graded
     from ._types import InstanceMetadata
 
 _NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
@@ -21,7 +21,7 @@ _NAME_RE = re.compile(r"^[a-z][a-z0-9_.-]{0,63}$")
 class GradingProtocol(Protocol):
     """What a grading protocol implements. Register one with :func:`register_protocol`.
 
-    Every method but :meth:`run_evaluation` is cheap and does no I/O.
+    Every method but :meth:`grade` is cheap and does no I/O.
     """
 
     def get_metadata(self, row: Mapping[str, Any]) -> InstanceMetadata:
@@ -32,11 +32,12 @@ class GradingProtocol(Protocol):
         """A reason the instance cannot be graded, or None; run before an episode starts."""
         ...
 
-    async def run_evaluation(
+    async def grade(
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
-    ) -> EvalResult:
+    ) -> Graded:
         """Grade ``patch`` (bytes from episodes; str from direct callers) in a fresh sandbox
-        from ``md.image``."""
+        from ``md.image``: the result, and what the grading ran and saw (its eval script, the
+        whole test output, the per-instance report) for whoever writes the harness's files."""
         ...
 
     def unavailable_reason(self) -> str | None:
@@ -67,7 +68,7 @@ def register_protocol(name: str, protocol: GradingProtocol, *, replace: bool = F
     if not isinstance(protocol, GradingProtocol):
         raise InvalidArgumentError(
             f"protocol {name!r}: {type(protocol).__name__} lacks get_metadata/evaluability_check/"
-            "run_evaluation/unavailable_reason"
+            "grade/unavailable_reason"
         )
     with _lock:
         if name in _registry and not replace:

@@ -1,9 +1,10 @@
-"""``EvalResult``: what grading one patch produced."""
+"""``EvalResult``: what grading one patch produced; ``Graded``: it, with what the grading ran
+and saw (the eval script, the whole test output, the per-instance report)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -80,6 +81,30 @@ class EvalResult(msgspec.Struct, frozen=True, kw_only=True):
     test_exit_code: int | None = None
     log_tail: str = ""
     durations: Mapping[str, float] = msgspec.field(default_factory=dict)
+
+
+class EvalArtifacts(msgspec.Struct, kw_only=True):
+    """What one grading ran and saw, beside its result (the SWE-bench harness's files).
+
+    Filled by the protocol as the grading goes (a grading that ended early leaves the rest
+    empty).
+
+    Attributes:
+        eval_script: the script that ran the tests.
+        test_output: the tests' whole output (stdout and stderr, in order).
+        report: the per-instance report in swebench's ``get_eval_report`` format, when known.
+    """
+
+    eval_script: str = ""
+    test_output: str = ""
+    report: dict[str, Any] | None = None
+
+
+class Graded(msgspec.Struct, frozen=True, kw_only=True):
+    """What a protocol's :meth:`~trio_swe.grading.GradingProtocol.grade` returns."""
+
+    result: EvalResult
+    artifacts: EvalArtifacts = msgspec.field(default_factory=EvalArtifacts)
 
 
 def log_tail(text: str, limit: int = LOG_TAIL_CHARS) -> str:

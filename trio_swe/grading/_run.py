@@ -22,7 +22,6 @@ from ..sandbox import (
     open_sandbox,
 )
 from . import _result as R
-from ._harness import collecting
 from ._patch import (
     GIT_SAFE_ENV,
     apply_script,
@@ -41,7 +40,9 @@ from ._result import (
     LOG_UNGRADABLE,
     TESTS_FAILED,
     TESTS_TIMEOUT,
+    EvalArtifacts,
     EvalResult,
+    Graded,
     log_tail,
 )
 from ._staged import SetupStep, Stages, read_stages, staged_command
@@ -136,8 +137,7 @@ async def confirm_environment(
         base = result  # the run itself was the control
     else:
         t = time.monotonic()
-        with collecting(None):  # the control run's files are not the graded run's
-            base = await control()
+        base = await control()
         durations["control"] = spent = time.monotonic() - t
         durations["total"] = durations.get("total", 0.0) + spent
     if not tests_did_not_run(base, graded_tests):
@@ -171,19 +171,24 @@ async def timed(evaluate: Callable[[Phases], Awaitable[EvalResult]]) -> EvalResu
 
 
 async def evaluate_patch(
-    evaluate: Callable[[bytes, Phases], Awaitable[EvalResult]],
+    evaluate: Callable[[bytes, Phases, EvalArtifacts], Awaitable[EvalResult]],
     patch: str | bytes,
     graded_tests: Sequence[str],
-) -> EvalResult:
-    """The frame of every protocol's ``run_evaluation``: ``evaluate(patch, phases)`` timed
+) -> Graded:
+    """The frame of every protocol's ``grade``: ``evaluate(patch, phases, artifacts)`` timed
     (:func:`timed`), and a failure whose tests did not run checked against the empty patch
-    (:func:`confirm_environment`)."""
+    (:func:`confirm_environment`). ``evaluate`` fills ``artifacts`` with what it ran and saw;
+    the graded run's are returned (the control run's are not the graded run's)."""
     data = patch_bytes(patch)
+    artifacts = EvalArtifacts()
 
-    async def grade(p: bytes) -> EvalResult:
-        return await timed(lambda phases: evaluate(p, phases))
+    async def grade(p: bytes, art: EvalArtifacts) -> EvalResult:
+        return await timed(lambda phases: evaluate(p, phases, art))
 
-    return await confirm_environment(await grade(data), data, graded_tests, lambda: grade(b""))
+    result = await confirm_environment(
+        await grade(data, artifacts), data, graded_tests, lambda: grade(b"", EvalArtifacts())
+    )
+    return Graded(result=result, artifacts=artifacts)
 
 
 @asynccontextmanager

@@ -21,9 +21,9 @@ import trio
 from ..sandbox import Backend, Sandbox
 from . import _result as R
 from . import _swebench_api
-from ._harness import current_artifacts
+from ._harness import tests_status_report
 from ._metadata import scaleswe_metadata
-from ._result import EvalResult
+from ._result import EvalArtifacts, EvalResult, Graded
 from ._run import (
     APPLY_TIMEOUT_SEC,
     EVAL_DIR,
@@ -89,15 +89,21 @@ class ScaleSweProtocol:
             return _swebench_api.has_parser(g.log_parser)
         return None
 
-    async def run_evaluation(
+    async def grade(
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
-    ) -> EvalResult:
+    ) -> Graded:
         g = md.grading
-        return await evaluate_patch(
-            lambda p, phases: self._evaluate(backend, md, p, timeout_sec, phases),
+        graded = await evaluate_patch(
+            lambda p, phases, art: self._evaluate(backend, md, p, timeout_sec, phases, art),
             patch,
             _graded_tests(g) if isinstance(g, ScaleSweGrading) else (),
         )
+        if graded.artifacts.report is None and isinstance(g, ScaleSweGrading):
+            # swebench's per-instance report, from the statuses (swebench makes its own).
+            f2p = g.swepro.fail_to_pass if g.swepro is not None else g.fail_to_pass
+            p2p = g.swepro.pass_to_pass if g.swepro is not None else g.pass_to_pass
+            graded.artifacts.report = tests_status_report(graded.result, f2p, p2p)
+        return graded
 
     async def _evaluate(
         self,
@@ -106,6 +112,7 @@ class ScaleSweProtocol:
         patch: bytes,
         timeout_sec: float,
         phases: Phases,
+        art: EvalArtifacts,
     ) -> EvalResult:
         reason = self.evaluability_check(md)
         g = md.grading
@@ -129,11 +136,11 @@ class ScaleSweProtocol:
             if g.swepro is None:
                 script, files = _exit_code_script(md, g)
                 return await _grade_exit_code(
-                    sb, md, phases, patch, grader or "", script, files, timeout_sec, g, setups
+                    sb, md, phases, patch, grader or "", script, files, timeout_sec, g, setups, art
                 )
             assert assets is not None
             return await _grade_swepro(
-                sb, md, g.swepro, phases, patch, timeout_sec, setups, assets, grader
+                sb, md, g.swepro, phases, patch, timeout_sec, setups, assets, grader, art
             )
 
 
@@ -232,6 +239,7 @@ async def _grade_exit_code(
     timeout_sec: float,
     g: ScaleSweGrading,
     setups: tuple[tuple[str, str], ...],
+    art: EvalArtifacts,
 ) -> EvalResult:
     """``eval_cmd`` / ``f2p_script``: the ladder, then (only when it applied) ``files`` and the
     graded script, in one command (:func:`~._run.apply_then_run`). Exit status 0 means solved.
@@ -260,7 +268,7 @@ async def _grade_exit_code(
     if r is None:  # the ladder alone ran
         return not_applied_result(md, phases, outcome, grader=grader)
     rung = outcome.rung
-    _keep(script, log)
+    art.eval_script, art.test_output = script, log
     if r.reason == "time_budget":
         return timeout_result(
             md,
@@ -294,13 +302,6 @@ async def _grade_exit_code(
     )
 
 
-def _keep(script: str, log: str) -> None:
-    """Hand the graded script and its full log to the harness outputs, if they are kept."""
-    art = current_artifacts()
-    if art is not None:
-        art.eval_script, art.test_output = script, log
-
-
 def _parse_test_log(g: ScaleSweGrading, grader: str, log: str) -> dict[str, str]:
     if grader == "eval_cmd" and g.log_parser:
         return _swebench_api.parse_log(g.log_parser, log)
@@ -328,6 +329,7 @@ async def _grade_swepro(
     setups: tuple[tuple[str, str], ...],
     assets: tuple[str, str],
     grader: str | None,
+    art: EvalArtifacts,
 ) -> EvalResult:
     """SWE-bench Pro: its assets written and its setups run, the ladder with the selected test
     files saved before it and put back after it, then the run script on them, in one command
@@ -375,7 +377,8 @@ async def _grade_swepro(
     stderr = await read_text(sb, err)
     if stderr:
         stdout += f"\n--- run_script.sh stderr ---\n{stderr}"
-    _keep(f"cd {shlex.quote(md.workdir)}\nbash run_script.sh {tests}\n", stdout)
+    art.eval_script = f"cd {shlex.quote(md.workdir)}\nbash run_script.sh {tests}\n"
+    art.test_output = stdout
     if r.reason == "time_budget":
         return timeout_result(
             md,

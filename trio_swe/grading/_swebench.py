@@ -15,10 +15,9 @@ from .._lru import Lru
 from ..sandbox import Backend
 from . import _result as R
 from . import _swebench_api
-from ._harness import current_artifacts
 from ._metadata import swebench_metadata
 from ._patch import patch_text
-from ._result import EvalResult
+from ._result import EvalArtifacts, EvalResult, Graded
 from ._run import (
     EVAL_DIR,
     PLAIN_ENV,
@@ -73,12 +72,12 @@ class SweBenchProtocol:
     def evaluability_check(self, md: InstanceMetadata) -> str | None:
         return self._check_and_spec(md)[0]
 
-    async def run_evaluation(
+    async def grade(
         self, backend: Backend, md: InstanceMetadata, patch: str | bytes, *, timeout_sec: float
-    ) -> EvalResult:
+    ) -> Graded:
         g = md.grading
         return await evaluate_patch(
-            lambda p, phases: self._evaluate(backend, md, p, timeout_sec, phases),
+            lambda p, phases, art: self._evaluate(backend, md, p, timeout_sec, phases, art),
             patch,
             (*g.fail_to_pass, *g.pass_to_pass) if isinstance(g, SweBenchGrading) else (),
         )
@@ -110,6 +109,7 @@ class SweBenchProtocol:
         patch: bytes,
         timeout_sec: float,
         phases: Phases,
+        art: EvalArtifacts,
     ) -> EvalResult:
         reason = _precheck(md)
         if reason is not None:
@@ -119,7 +119,6 @@ class SweBenchProtocol:
         graded = _Graded()
         # The log is graded in a thread while the sandbox is being killed (the kill is the
         # sandbox context's exit): the nursery waits for both.
-        art = current_artifacts()
         # Usually built already (evaluability_check). If not, it is built in a thread (the
         # first build imports swebench, about a second) while the sandbox boots; a row it
         # cannot build for is unevaluable as before, only its sandbox booted for nothing.
@@ -176,8 +175,7 @@ class SweBenchProtocol:
                         )
                     if not outcome.applied or run is None:
                         return not_applied_result(md, phases, outcome, grader="swebench")
-                    if art is not None:
-                        art.eval_script = script
+                    art.eval_script = script
                     if run.reason != "time_budget":
                         nursery.start_soon(graded.run, phases, spec, md.instance_id, patch, log)
                     t_kill = time.monotonic()
@@ -189,8 +187,7 @@ class SweBenchProtocol:
                     return _unevaluable(md, phases, built.reason)
                 raise
             phases.durations["kill"] = time.monotonic() - t_kill
-        if art is not None:
-            art.test_output = log
+        art.test_output = log
         if run.reason == "time_budget":
             return timeout_result(
                 md,
@@ -215,8 +212,7 @@ class SweBenchProtocol:
                 detail=f"swebench's grading raised {graded.error}",
                 log=log,
             )
-        if art is not None:
-            art.report = dict(grade.report)
+        art.report = dict(grade.report)
         common: dict[str, Any] = {
             "rung": outcome.rung,
             "grader": "swebench",

@@ -22,7 +22,14 @@ import ray
 import trio
 
 from .._errors import ConfigError, SandboxBootError
-from ..sandbox import Backend, BackendStatistics, Sandbox, SandboxSpec, SandboxStatistics
+from ..sandbox import (
+    Backend,
+    BackendStatistics,
+    BackendWrapper,
+    Sandbox,
+    SandboxSpec,
+    SandboxStatistics,
+)
 from ._bridge import ActorHandle, ObjectRef, wait_ref
 from ._leases import LeaseTable, LimiterStatistics
 
@@ -287,13 +294,12 @@ class LeasedBackendStatistics(BackendStatistics, frozen=True, kw_only=True):
     leases: int
 
 
-class LeasedBackend:
+class LeasedBackend(BackendWrapper):
     """Wraps a backend: every boot first takes a lease from the cluster limiter."""
 
     def __init__(self, backend: Backend, client: LimiterClient) -> None:
-        self._backend = backend
+        super().__init__(backend)
         self._client = client
-        self.name = backend.name
 
     async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
         lease_id = await self._client.acquire()
@@ -306,18 +312,8 @@ class LeasedBackend:
         return _LeasedSandbox(sandbox, self._client, lease_id)
 
     def statistics(self) -> LeasedBackendStatistics:
-        inner = self._backend.statistics()
-        return LeasedBackendStatistics(
-            created=inner.created,
-            killed=inner.killed,
-            live=inner.live,
-            boot_failures=inner.boot_failures,
-            inner=inner,
+        return self.wrapped_statistics(
+            LeasedBackendStatistics,
             lease_wait_sec=self._client.waited_sec,
             leases=self._client.leases,
         )
-
-    async def aclose(self) -> None:
-        close = getattr(self._backend, "aclose", None)
-        if close is not None:
-            await close()

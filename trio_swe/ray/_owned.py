@@ -24,7 +24,7 @@ import msgspec
 import trio
 
 from .._errors import ConfigError
-from ..sandbox import Backend, BackendStatistics, Sandbox, SandboxSpec
+from ..sandbox import Backend, BackendStatistics, BackendWrapper, Sandbox, SandboxSpec
 
 __all__ = ["OWNER_KEY", "OwnedBackend", "check_orphan_ttl", "kill_owned"]
 
@@ -57,7 +57,7 @@ class OwnedBackendStatistics(BackendStatistics, frozen=True, kw_only=True):
     ttl_refresh_failures: int
 
 
-class OwnedBackend:
+class OwnedBackend(BackendWrapper):
     """Wraps a worker's backend: its sandboxes are tagged with ``owner`` and kept alive by it.
 
     Args:
@@ -69,9 +69,8 @@ class OwnedBackend:
 
     def __init__(self, backend: Backend, owner: str, *, orphan_ttl_sec: float | None) -> None:
         check_orphan_ttl(orphan_ttl_sec)
-        self._backend = backend
+        super().__init__(backend)
         self.owner = owner
-        self.name = backend.name
         self._ttl = orphan_ttl_sec
         self.refreshes = 0
         self.refresh_failures = 0
@@ -111,21 +110,11 @@ class OwnedBackend:
                 logger.warning("could not extend sandbox %s: %r", sandbox.id, exc)
 
     def statistics(self) -> OwnedBackendStatistics:
-        inner = self._backend.statistics()
-        return OwnedBackendStatistics(
-            created=inner.created,
-            killed=inner.killed,
-            live=inner.live,
-            boot_failures=inner.boot_failures,
-            inner=inner,
+        return self.wrapped_statistics(
+            OwnedBackendStatistics,
             ttl_refreshes=self.refreshes,
             ttl_refresh_failures=self.refresh_failures,
         )
-
-    async def aclose(self) -> None:
-        close = getattr(self._backend, "aclose", None)
-        if close is not None:
-            await close()
 
 
 async def kill_owned(backend: Backend, owner: str) -> list[str]:

@@ -16,12 +16,14 @@ from ._types import (
     SandboxStatistics,
 )
 from ._validate import check_command
+from ._wrapper import BackendWrapper
 
 __all__ = [
     "DEFAULT_READ_MAX_BYTES",
     "EXIT_TIME_BUDGET_EXCEEDED",
     "Backend",
     "BackendStatistics",
+    "BackendWrapper",
     "ExecReason",
     "ExecResult",
     "ImageMap",

@@ -344,10 +344,11 @@ class DockerBackend:
         tree: Path | None = None
         image = spec.image
         if self._is_tree(image):
-            if self.base_image is None:
-                raise SandboxBootError(
-                    f"docker image {image!r} is a host path: pass DockerBackend(base_image=...) "
-                    "to copy host trees into containers of that image"
+            if self.base_image is None:  # no retry makes one appear
+                raise PermanentBootError(
+                    f"docker image {image!r} is a host path: set SWE_DOCKER_BASE_IMAGE (or pass "
+                    "DockerBackend(base_image=...)) to copy host trees into containers of that "
+                    "image"
                 )
             split_image(image)  # a clear error for neither a directory nor path@commit
             tree = await self._trees.resolve(image)

@@ -1,4 +1,4 @@
-"""``trio-swe grade PREDICTIONS --dataset ROWS``: grade existing predictions as the harness does.
+"""Grading existing predictions as SWE-bench's harness does (``trio-swe grade`` is its CLI).
 
 Predictions are what ``swebench.harness.run_evaluation --predictions_path`` reads: JSONL (one
 ``{instance_id, model_name_or_path, model_patch}`` per line), a JSON list of those, or a JSON
@@ -6,6 +6,9 @@ object keyed by instance id. Every prediction is graded in a fresh sandbox with 
 protocol (default ``swebench``); empty patches are not run (the harness counts them as
 ``empty_patch``). Outputs: ``predictions.jsonl``, per-instance log folders and the run report
 ``<model>.<run_id>.json`` under ``--out-dir`` (see ``trio_swe.grading._harness``).
+
+A public module of its own rather than a re-export of :mod:`trio_swe.grading`: it builds on that
+package's functions, so the package importing it back would close a circle.
 """
 
 from __future__ import annotations
@@ -16,17 +19,29 @@ from typing import Any
 
 import trio
 
-from .._errors import ConfigError, MetadataError, TrioSweError
+from .._errors import ConfigError, InvalidArgumentError, MetadataError, TrioSweError
 from .._json import loads
 from ..sandbox import Backend
 from . import (
     check_rows,
     evaluability_check,
     get_metadata,
+    grade,
     resolve_image,
-    run_evaluation,
 )
-from ._harness import HarnessOutputs, harness_outputs
+from ._harness import HarnessOutputs
+from ._metadata import instance_id_of
+
+__all__ = [
+    "check_known",
+    "grade_predictions",
+    "index_rows",
+    "latest_predictions",
+    "model_of",
+    "pair",
+    "read_dataset",
+    "read_predictions",
+]
 
 
 def read_predictions(path: Path) -> list[dict[str, Any]]:
@@ -92,7 +107,7 @@ def read_dataset(path: Path) -> list[dict[str, Any]]:
 
 
 def index_rows(rows: list[dict[str, Any]], source: str = "dataset") -> dict[str, dict[str, Any]]:
-    """The rows by instance id.
+    """The rows by instance id (read as :func:`~trio_swe.grading.get_metadata` reads it).
 
     Raises:
         ConfigError: a row without a text ``instance_id``, or two different rows with one
@@ -101,8 +116,12 @@ def index_rows(rows: list[dict[str, Any]], source: str = "dataset") -> dict[str,
     by_id: dict[str, dict[str, Any]] = {}
     first: dict[str, int] = {}
     for i, row in enumerate(rows):
-        iid = row.get("instance_id")
-        if not isinstance(iid, str) or not iid:
+        # As `run` reads it: slime-style rows keep theirs under `metadata` (or `label`).
+        try:
+            iid = instance_id_of(row)
+        except MetadataError as exc:
+            raise ConfigError(f"{source}: row {i}: {exc}") from None
+        if iid == "unknown":
             raise ConfigError(f"{source}: row {i} has no instance_id")
         if iid in by_id and by_id[iid] != row:
             raise ConfigError(
@@ -212,12 +231,18 @@ async def grade_predictions(
             return
         async with limiter:
             try:
-                with harness_outputs(outputs):
-                    result = await run_evaluation(backend, md, patch, timeout_sec=timeout_sec)
-            except TrioSweError as exc:  # recorded by run_evaluation
+                graded = await grade(backend, md, patch, timeout_sec=timeout_sec)
+            except InvalidArgumentError as exc:  # a patch no encoding can write: nothing ran
                 done(iid, f"error ({type(exc).__name__})")
                 return
-        done(iid, result.reason)
+            except Exception as exc:
+                outputs.record(iid, patch, None, None, note=f"{type(exc).__name__}: {exc}")
+                if not isinstance(exc, TrioSweError):
+                    raise
+                done(iid, f"error ({type(exc).__name__})")
+                return
+        outputs.record(iid, patch, graded.result, graded.artifacts)
+        done(iid, graded.result.reason)
 
     async with trio.open_nursery() as nursery:
         for pred in predictions:

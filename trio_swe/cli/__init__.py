@@ -1,0 +1,16 @@
+"""The ``trio-swe`` command, one module per subcommand.
+
+* ``run`` (:mod:`.run`, Ray driving in :mod:`._ray`): one episode per dataset row, results
+  appended to a resumable file, with a live display (:mod:`._progress`).
+* ``grade`` (:mod:`.grade`): existing predictions graded as SWE-bench's harness does.
+* ``demo`` (:mod:`.demo`): the bundled demo end to end, without network.
+* ``results`` (:mod:`.results`): a results file's summary or export.
+
+The parser is :mod:`._parser`, the tables :mod:`._render`, the entry point :mod:`._main`.
+"""
+
+from __future__ import annotations
+
+from ._main import main
+
+__all__ = ["main"]

@@ -1,0 +1,9 @@
+"""``python -m trio_swe.cli``: the ``trio-swe`` command."""
+
+from __future__ import annotations
+
+import sys
+
+from ._main import main
+
+sys.exit(main())
