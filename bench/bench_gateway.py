@@ -79,7 +79,8 @@ _SERVER = """
 import sys, trio
 from importlib.resources import files
 from trio_swe.demo import ScriptedCompletion, open_scripted_policy_server
-from trio_swe.demo._cli_scripts import RawTextTokenizer, tool_call_text
+from trio_swe.demo._cli_scripts import tool_call_text
+from trio_swe.policy import RawTextTokenizer
 from trio_swe.models import load_tokenizer
 
 turns, gen = int(sys.argv[1]), float(sys.argv[2])

@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 
-def loads(text: str | bytes) -> Any:
+def loads(text: str | bytes | bytearray) -> Any:
     """The JSON value of ``text``.
 
     Raises:

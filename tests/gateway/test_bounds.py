@@ -129,6 +129,15 @@ async def test_a_continued_history_renders_and_tokenizes_only_its_new_part() -> 
         # delta: one ~330-character message and the template's markers around it).
         assert max(encoded[1:]) < 600, encoded
         assert len(turns[-1].prompt_ids) > 40 * 100
+        # Each delta is the template's rendering of the user message after the turn's end,
+        # and the sampled turns stay as sampled (the earlier ones are not re-rendered).
+        prompt = tok.decode(turns[-1].prompt_ids_list())
+        tail = f"<|im_end|>\n<|im_start|>user\n{messages[-3]['content']}<|im_end|>\n<|im_start|>assistant\n"
+        assert prompt.endswith(tail)
+        for a, b in itertools.pairwise(turns):
+            assert b.prompt_ids_list()[: len(a.prompt_ids) + len(a.output_ids)] == (
+                a.prompt_ids_list() + a.output_ids_list()
+            )
 
 
 async def test_a_small_request_is_served_while_big_ones_of_other_sessions_tokenize() -> None:

@@ -138,3 +138,30 @@ def test_an_overflowing_request_is_recorded_on_its_chain() -> None:
     )
     assert s.turns() == [e1, expected]
     assert s._chains[0].recorder.statistics().extended == 1
+
+
+def test_a_prompt_over_the_cap_is_refused_before_it_is_tokenized_whole() -> None:
+    s = Session(
+        "ep-cap",
+        model_for=lambda tools: ChatModel(qwen3_tokenizer(), tools=tools),
+        max_context_tokens=2048,
+    )
+    # A first prompt far over the cap: an overflow with a lower bound, nothing to record.
+    huge = [FIRST[0], {"role": "user", "content": "word " * 200_000}]
+    pending = prepare(s, huge)
+    assert pending.overflow
+    assert pending.overflow_tokens > 2047
+    assert pending.history is None
+    s.record_overflow(pending)
+    assert (s.turns(), s.statistics().overflows, s.statistics().rendered_tokens) == ([], 1, 0)
+    # A continuation over it: recorded on its chain, its prompt the chain's tokens so far.
+    call = tool_call_text("read_file", {"path": "/testbed/a.py"})
+    r1, e1 = answer(s, prepare(s, FIRST), call)
+    held = list(s._chains[0].history.ids)
+    pending = prepare(s, [*FIRST, r1, tool_result(r1, "word " * 100_000)])
+    assert pending.overflow
+    assert pending.overflow_tokens > 2047
+    s.record_overflow(pending)
+    expected = TurnRecord.from_lists(prompt_ids=held, output_ids=[], finish_reason="length")
+    assert s.turns() == [e1, expected]
+    assert s.statistics().delta_tokens == 0  # nothing of the 500 KB delta was appended

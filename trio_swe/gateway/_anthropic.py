@@ -82,7 +82,7 @@ def _billing_header(block: dict[str, Any]) -> bool:
     return block.get("type") == "text" and isinstance(text, str) and text.startswith(BILLING_HEADER)
 
 
-def parse_request(body: bytes) -> Conversation:
+def parse_request(body: bytes | bytearray) -> Conversation:
     """Parse a Messages request body.
 
     Raises:

@@ -113,7 +113,7 @@ def parse_message(raw: Any, where: str) -> Message:
     raise ApiError(400, "invalid_request", f"{where}.role: unknown role {role!r}")
 
 
-def parse_request(body: bytes) -> Conversation:
+def parse_request(body: bytes | bytearray) -> Conversation:
     """Parse a Chat Completions request body.
 
     Raises:

@@ -241,7 +241,7 @@ def function_tool(name: Any, description: Any, parameters: Any) -> dict[str, Any
     return {"type": "function", "function": fn}
 
 
-def decode_json_object(body: bytes) -> dict[str, Any]:
+def decode_json_object(body: bytes | bytearray) -> dict[str, Any]:
     """The request body as a JSON object.
 
     Raises:

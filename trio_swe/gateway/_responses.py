@@ -49,7 +49,7 @@ def context_error_message(prompt_tokens: int, limit: int) -> str:
     )
 
 
-def parse_request(body: bytes) -> Conversation:
+def parse_request(body: bytes | bytearray) -> Conversation:
     """Parse a Responses request body.
 
     Raises:

@@ -17,6 +17,7 @@ import os
 import secrets
 import socket as _socket
 import threading
+import weakref
 from collections.abc import (
     AsyncIterator,
     Awaitable,
@@ -114,6 +115,7 @@ class GatewaySession:
         #: One request of the session renders and tokenizes at a time: one agent's burst of
         #: big prompts holds at most one tokenizing thread.
         self.tokenizing = trio.Lock()
+        self._trim_on_drop = False
         self._inflight: set[trio.CancelScope] = set()
         self._idle = trio.Event()
         self._idle.set()
@@ -291,6 +293,11 @@ class Gateway:
         """``fn(*args)``, rendering and tokenizing a request of ``size`` bytes for ``handle``,
         admitted fairly: one at a time per session, and a big one (``BIG_REQUEST_BYTES``) only
         while another thread stays free for the small requests of other sessions."""
+        if size >= BIG_REQUEST_BYTES and not handle._trim_on_drop:
+            # What a session holds of big prompts goes when its owner drops it (after
+            # reading its turns): give that memory back to the system then, too.
+            handle._trim_on_drop = True
+            weakref.finalize(handle.session, trim_memory)
         if not self.tokenizer_threads:
             return fn(*args)
         async with handle.tokenizing:
@@ -434,8 +441,10 @@ class _Exchange:
 
     # -- requests ---------------------------------------------------------------------------
 
-    async def read_body(self) -> bytes:
-        chunks: list[bytes] = []
+    async def read_body(self) -> bytearray:
+        # One buffer the chunks are appended to (not a list joined at the end: a second copy
+        # of the whole body at its peak).
+        buf = bytearray()
         size = 0
         declared = self.headers.get("content-length")
         if (
@@ -454,6 +463,7 @@ class _Exchange:
             if message["type"] == "http.disconnect":
                 raise _ClientGone
             chunk = message.get("body", b"")
+            message_more = message.get("more_body", False)
             size += len(chunk)
             if size > self.gw.max_body_bytes:
                 raise ApiError(
@@ -461,10 +471,11 @@ class _Exchange:
                     "too_large",
                     f"request body over the gateway's cap of {self.gw.max_body_bytes} bytes",
                 )
-            chunks.append(chunk)
-            if not message.get("more_body", False):
+            buf += chunk
+            del chunk, message
+            if not message_more:
                 self.size = size
-                return b"".join(chunks)
+                return buf
 
     def session(self) -> GatewaySession:
         key = self.headers.get("x-api-key", "")
