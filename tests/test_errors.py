@@ -7,7 +7,7 @@ import inspect
 import pytest
 
 import trio_swe
-from trio_swe import _errors, agents, grading, models
+from trio_swe import _errors, agents, grading, models, policy
 from trio_swe.episode import AbortReason
 
 #: The documented table (the _errors module docstring and docs/episodes.md).
@@ -38,6 +38,8 @@ TABLE = {
     "SandboxPermissionError": "internal_error",
     "TemplateError": "internal_error",
     "NotAppendOnlyError": "internal_error",
+    "TokenLimitError": "internal_error",
+    "SandboxFileTimeoutError": "sandbox_error",
 }
 
 
@@ -61,7 +63,7 @@ def test_every_error_is_rooted_and_carries_its_abort_reason() -> None:
 @pytest.mark.parametrize(
     ("module", "name"),
     [
-        (agents, "PolicyError"),
+        (policy, "PolicyError"),
         (agents, "AgentInstallError"),
         (grading, "MetadataError"),
         (trio_swe, "PolicyError"),

@@ -13,7 +13,6 @@ import collections
 import functools
 import os
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console

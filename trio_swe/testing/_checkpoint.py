@@ -14,11 +14,12 @@ import argparse
 import shutil
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 #: Qwen3's own checkpoints pad the vocabulary to 151936 rows; a trained model never samples the
 #: 267 padding ids, but random weights would (about one token in 570), and no tokenizer decodes
 #: them. The tiny model has exactly the tokenizer's 151669 ids (added tokens included).
-SIZES = {
+SIZES: dict[str, Any] = {
     "vocab_size": 151669,
     "hidden_size": 128,
     "intermediate_size": 256,
@@ -43,7 +44,7 @@ def build(out: Path, seed: int) -> None:
         if item.is_file():
             shutil.copy2(item, out / item.name)
     torch.manual_seed(seed)
-    config = Qwen3Config(**SIZES, initializer_range=0.05, torch_dtype="float32")
+    config = Qwen3Config(**SIZES, initializer_range=0.05)
     model = Qwen3ForCausalLM(config)
     with torch.no_grad():
         model.model.norm.weight.fill_(6.0)
