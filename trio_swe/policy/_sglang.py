@@ -13,7 +13,8 @@ import msgspec
 import trio
 
 from .._errors import PolicyError
-from ._types import PolicyOutput, PolicyStatistics
+from ._http import HttpPolicy
+from ._types import PolicyOutput
 
 __all__ = ["SGLangPolicy", "decode_generate_reply"]
 
@@ -115,7 +116,7 @@ _decode_chunk = msgspec.json.Decoder(_StreamChunk).decode
 ABORT_TIMEOUT_SEC = 5.0
 
 
-class SGLangPolicy(trio.abc.AsyncResource):
+class SGLangPolicy(HttpPolicy):
     """A :class:`Policy` that calls SGLang's native ``/generate`` endpoint with token ids.
 
     It sends ``input_ids``, ``sampling_params`` and ``return_logprob: true`` and reads the sampled
@@ -149,26 +150,13 @@ class SGLangPolicy(trio.abc.AsyncResource):
             headers: extra headers of every request (e.g. authorization).
             defaults: sampling parameters under each call's own.
         """
-        self.base_url = base_url.rstrip("/")
-        self._own_client = client is None
-        # No read or pool timeout by default: a generation may take long, and waiting for a
-        # free connection is bounded by the caller's budget (a cancel scope), not a constant.
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(10.0, read=read_timeout_sec, pool=None),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        super().__init__(
+            base_url,
+            client=client,
+            read_timeout_sec=read_timeout_sec,
+            headers=headers or {},
+            defaults=defaults,
         )
-        self._headers = dict(headers or {})
-        self.defaults = dict(defaults or {})
-        self._stats = {"requests": 0, "aborts": 0, "errors": 0, "output_tokens": 0}
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it."""
-        if self._own_client:
-            await self._client.aclose()
-
-    def statistics(self) -> PolicyStatistics:
-        """Requests sent, aborts sent, errors and output tokens received."""
-        return PolicyStatistics(**self._stats)
 
     async def generate(
         self,

@@ -32,7 +32,8 @@ import msgspec
 import trio
 
 from .._errors import InvalidArgumentError, PolicyError
-from ._types import PolicyOutput, PolicyStatistics
+from ._http import HttpPolicy
+from ._types import PolicyOutput
 
 __all__ = ["VLLMPolicy", "vllm_sampling_params"]
 
@@ -145,7 +146,7 @@ class _Checker:
         return PolicyOutput(output_ids=ids, log_probs=list(log_probs), finish_reason=finish)  # type: ignore[arg-type]
 
 
-class VLLMPolicy(trio.abc.AsyncResource):
+class VLLMPolicy(HttpPolicy):
     """A :class:`~trio_swe.policy.Policy` served by vLLM, token in and token out.
 
     Use as an async context manager, or call :meth:`aclose`::
@@ -190,29 +191,18 @@ class VLLMPolicy(trio.abc.AsyncResource):
         """
         if route not in ("generate", "completions"):
             raise InvalidArgumentError(f"VLLMPolicy route {route!r}: 'generate' or 'completions'")
-        self.base_url = base_url.rstrip("/")
+        super().__init__(
+            base_url,
+            client=client,
+            read_timeout_sec=read_timeout_sec,
+            # vLLM refuses a body without this content type (415 as a 400).
+            headers={"content-type": "application/json", **(headers or {})},
+            defaults=defaults,
+        )
         self.route: Route = route
         self.model = model
         self.vocab_size = vocab_size
-        self.defaults = dict(defaults or {})
-        self._own_client = client is None
-        self._client = client or httpx.AsyncClient(
-            timeout=httpx.Timeout(10.0, read=read_timeout_sec, pool=None),
-            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
-        )
-        # vLLM refuses a body without this content type (415 as a 400).
-        self._headers = {"content-type": "application/json", **(headers or {})}
-        self._stats = {"requests": 0, "aborts": 0, "errors": 0, "output_tokens": 0}
         self._model_lock = trio.Lock()
-
-    async def aclose(self) -> None:
-        """Close the HTTP client if this object created it."""
-        if self._own_client:
-            await self._client.aclose()
-
-    def statistics(self) -> PolicyStatistics:
-        """Requests sent, aborts sent, errors and output tokens received."""
-        return PolicyStatistics(**self._stats)
 
     @property
     def _path(self) -> str:
