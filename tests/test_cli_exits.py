@@ -243,17 +243,17 @@ async def test_a_cli_agent_without_hypercorn_fails_once_at_start(tmp_path: Path)
     assert "internal_error" not in out
 
 
-@pytest.mark.skipif(
-    os.path.exists("/tmp/ray/ray_current_cluster"),
-    reason="a Ray cluster runs on this machine: `auto` would find it",
-)
 async def test_ray_auto_without_a_cluster_is_one_line(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     rows, _ = _demo_rows(tmp_path)
-    # Ray's "auto" reads the last cluster's address from its temp folder: give it an empty one,
-    # so a cluster another test (or user) left behind on this machine is not found.
+    # Ray's "auto" finds a cluster two ways: the last cluster's address in its temp folder (give
+    # it an empty one) and any running GCS server in the process table (run the CLI in a PID
+    # namespace of its own), so a cluster another test or user runs on this machine is not found.
     env = _env(tmp_path, RAY_TMPDIR=str(tmp_path / "ray"), SWE_RAY_CONNECT_TIMEOUT_SEC="20")
-    rc, out = await _cli("run", str(rows), "--ray", "auto", "--no-progress", cwd=tmp_path, env=env)
+    argv0 = ["bwrap", "--dev-bind", "/", "/", "--unshare-pid", "--proc", "/proc", TRIO_SWE]
+    rc, out = await _cli(
+        "run", str(rows), "--ray", "auto", "--no-progress", cwd=tmp_path, env=env, argv0=argv0
+    )
     _assert_refused(rc, out, "error: --ray auto: Could not find any running Ray instance")
     assert "ExceptionGroup" not in out
 
