@@ -97,7 +97,7 @@ def _config() -> SweConfig:
 
 async def _rollout(
     url: str, model: ChatModel, work: Path, boot_ahead: int | None = None
-) -> tuple[float, float, float, _Timed]:
+) -> tuple[float, float, float, _Timed, tuple[float, float]]:
     demo = build_demo_set(work / "repos")
     mds = [get_metadata(row, "scaleswe") for row in demo.rows]
     mds = (mds * (EPISODES // len(mds) + 1))[:EPISODES]
@@ -117,7 +117,12 @@ async def _rollout(
             async for _ in stream:
                 pass
         t1, cpu1 = time.perf_counter(), time.process_time()
-    return t1 - t0, busy(timed.intervals, t0, t1), cpu1 - cpu0, timed
+    # Idle before the first request (the first boot) and after the last (the last grading).
+    edges = (
+        min(a for a, _ in timed.intervals) - t0,
+        t1 - max(b for _, b in timed.intervals),
+    )
+    return t1 - t0, busy(timed.intervals, t0, t1), cpu1 - cpu0, timed, edges
 
 
 async def _direct(
@@ -159,8 +164,10 @@ async def _main() -> None:
                 or (await stack.enter_async_context(open_vllm_engine(checkpoint, workdir=root))).url
             )
             for i in range(runs):
-                _, frac0, _, timed0 = await _rollout(url, model, root / f"run{i}-0", boot_ahead=0)
-                wall, frac, cpu, timed = await _rollout(url, model, root / f"run{i}")
+                _, frac0, _, timed0, _ = await _rollout(
+                    url, model, root / f"run{i}-0", boot_ahead=0
+                )
+                wall, frac, cpu, timed, edges = await _rollout(url, model, root / f"run{i}")
                 turns = len(timed.intervals)
                 engine_per_turn = sum(b - a for a, b in timed.intervals) / turns
                 d_wall, d_frac = await _direct(url, list(timed.calls.values()))
@@ -173,7 +180,8 @@ async def _main() -> None:
                     f"{frac0:.3f}) direct {d_frac:.3f} (ratio {frac / d_frac:.3f}); client "
                     f"CPU/turn {1000 * cpu / turns:.1f} ms, engine time/turn "
                     f"{1000 * engine_per_turn:.0f} ms; wall {wall:.1f} s vs {d_wall:.1f} s; "
-                    f"first to last request: {inner:.3f} (boot_ahead=0: {inner0:.3f})",
+                    f"first to last request: {inner:.3f} (boot_ahead=0: {inner0:.3f}); idle "
+                    f"{edges[0]:.2f} s before the first request, {edges[1]:.2f} s after the last",
                     flush=True,
                 )
     med = [statistics.median(col) for col in zip(*rows, strict=True)]
