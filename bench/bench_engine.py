@@ -5,7 +5,10 @@ bash agent on the tiny Qwen3 served by vLLM (``scripts/engine-env``), records ev
 (prompt, sampling parameters, output) and when it was in flight. The baseline replays exactly
 those calls with eight workers, each sending one episode's calls back to back, as a loop with no
 sandbox, agent or grading around it would. Busy fraction = time with at least one request in
-flight / wall time; the goal is rollout >= 0.95 x direct, measured in the same run. Also: the
+flight / wall time; the goal is rollout >= 0.95 x direct, measured in the same run. The rollout
+runs twice per run: as it does by default (agents hold the slots, ``boot_ahead`` episodes boot and
+grade beside them) and with ``boot_ahead=0`` (each episode holds its slot from boot to grade,
+the behaviour before), to show what booting ahead buys. Also: the
 client process's CPU per turn (everything trio_swe does in this process, sandboxes' own
 processes excluded) beside the engine's time per turn. Medians of ``BENCH_ENGINE_RUNS`` (3).
 
@@ -63,6 +66,12 @@ class _Timed:
         return out
 
 
+def steady(intervals: list[tuple[float, float]]) -> float:
+    """:func:`busy` from the first request's start to the last one's end: without the first
+    boot and the last grading, which a rollout of days spreads over thousands of episodes."""
+    return busy(intervals, min(a for a, _ in intervals), max(b for _, b in intervals))
+
+
 def busy(intervals: list[tuple[float, float]], start: float, end: float) -> float:
     """The fraction of [start, end] covered by the union of ``intervals``."""
     covered = 0.0
@@ -86,7 +95,9 @@ def _config() -> SweConfig:
     return config
 
 
-async def _rollout(url: str, model: ChatModel, work: Path) -> tuple[float, float, float, _Timed]:
+async def _rollout(
+    url: str, model: ChatModel, work: Path, boot_ahead: int | None = None
+) -> tuple[float, float, float, _Timed, tuple[float, float]]:
     demo = build_demo_set(work / "repos")
     mds = [get_metadata(row, "scaleswe") for row in demo.rows]
     mds = (mds * (EPISODES // len(mds) + 1))[:EPISODES]
@@ -100,12 +111,18 @@ async def _rollout(url: str, model: ChatModel, work: Path) -> tuple[float, float
             backend=LocalBackend(state_dir=work / "state"),
             config=_config(),
             concurrency=CONCURRENCY,
+            boot_ahead=boot_ahead,
             network=False,
         ) as stream:
             async for _ in stream:
                 pass
         t1, cpu1 = time.perf_counter(), time.process_time()
-    return t1 - t0, busy(timed.intervals, t0, t1), cpu1 - cpu0, timed
+    # Idle before the first request (the first boot) and after the last (the last grading).
+    edges = (
+        min(a for a, _ in timed.intervals) - t0,
+        t1 - max(b for _, b in timed.intervals),
+    )
+    return t1 - t0, busy(timed.intervals, t0, t1), cpu1 - cpu0, timed, edges
 
 
 async def _direct(
@@ -140,29 +157,39 @@ async def _main() -> None:
         else:
             checkpoint = build_checkpoint(root / "tiny-qwen3")
         model = ChatModel.from_checkpoint(checkpoint, tools=BashAgent.TOOLS)
-        rows: list[tuple[float, float, float, float, float, float]] = []
+        rows: list[tuple[float, ...]] = []
         async with AsyncExitStack() as stack:
             url = (
                 running
                 or (await stack.enter_async_context(open_vllm_engine(checkpoint, workdir=root))).url
             )
             for i in range(runs):
-                wall, frac, cpu, timed = await _rollout(url, model, root / f"run{i}")
+                _, frac0, _, timed0, _ = await _rollout(
+                    url, model, root / f"run{i}-0", boot_ahead=0
+                )
+                wall, frac, cpu, timed, edges = await _rollout(url, model, root / f"run{i}")
                 turns = len(timed.intervals)
                 engine_per_turn = sum(b - a for a, b in timed.intervals) / turns
                 d_wall, d_frac = await _direct(url, list(timed.calls.values()))
-                rows.append((frac, d_frac, cpu / turns, engine_per_turn, wall, d_wall))
+                inner, inner0 = steady(timed.intervals), steady(timed0.intervals)
+                rows.append(
+                    (frac, d_frac, cpu / turns, engine_per_turn, wall, d_wall, frac0, inner, inner0)
+                )
                 print(
-                    f"run {i}: {turns} turns; busy rollout {frac:.3f} direct {d_frac:.3f} "
-                    f"(ratio {frac / d_frac:.3f}); client CPU/turn {1000 * cpu / turns:.1f} ms, "
-                    f"engine time/turn {1000 * engine_per_turn:.0f} ms; wall {wall:.1f} s vs "
-                    f"{d_wall:.1f} s",
+                    f"run {i}: {turns} turns; busy rollout {frac:.3f} (boot_ahead=0: "
+                    f"{frac0:.3f}) direct {d_frac:.3f} (ratio {frac / d_frac:.3f}); client "
+                    f"CPU/turn {1000 * cpu / turns:.1f} ms, engine time/turn "
+                    f"{1000 * engine_per_turn:.0f} ms; wall {wall:.1f} s vs {d_wall:.1f} s; "
+                    f"first to last request: {inner:.3f} (boot_ahead=0: {inner0:.3f}); idle "
+                    f"{edges[0]:.2f} s before the first request, {edges[1]:.2f} s after the last",
                     flush=True,
                 )
     med = [statistics.median(col) for col in zip(*rows, strict=True)]
     print(
         f"median of {runs}: engine busy fraction {med[0]:.3f} in the rollout vs {med[1]:.3f} in "
-        f"a direct loop: ratio {med[0] / med[1]:.3f} (goal >= 0.95); trio_swe's CPU per turn "
+        f"a direct loop: ratio {med[0] / med[1]:.3f} (goal >= 0.95; boot_ahead=0: "
+        f"{med[6] / med[1]:.3f}); from the first request to the last {med[7]:.3f} "
+        f"(boot_ahead=0: {med[8]:.3f}); trio_swe's CPU per turn "
         f"{1000 * med[2]:.1f} ms beside the engine's {1000 * med[3]:.0f} ms per turn "
         f"({med[2] / med[3]:.3f}x)"
     )

@@ -40,7 +40,7 @@ def test_help_shows_defaults_their_sources_and_examples(monkeypatch: pytest.Monk
     flat = " ".join(run_help.split())
     # --protocol's default is where it really comes from, not "scaleswe" alone.
     assert "default: scaleswe, or $SWE_TRAIN_PROTOCOL when set" in flat
-    assert "episodes running at once" in flat  # --concurrency has help text
+    assert "agents running at once" in flat  # --concurrency has help text
     assert "cap of a sample's tokens" in flat  # --max-context-tokens has help text
     assert "(default: 4)" in flat
     assert "(default: results.msgpack)" in flat

@@ -45,6 +45,7 @@ async def test_eight_demo_episodes_four_at_a_time(tmp_path: Path) -> None:
             backend=backend,
             config=demo_config(),
             concurrency=4,
+            boot_ahead=0,  # episodes, not only agents, four at a time
             network=False,
             on_start=started,
         ) as stream:

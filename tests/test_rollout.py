@@ -9,10 +9,11 @@ import pytest
 import trio
 import trio.testing
 
-from trio_swe import EpisodeResult, run_rollouts
-from trio_swe.agents import BashAgent
+from trio_swe import ConfigError, EpisodeResult, run_rollouts
+from trio_swe.agents import AgentOutcome, AgentTask, BaseAgent, BashAgent
 from trio_swe.demo import open_scripted_policy_server
 from trio_swe.policy import ByteTokenizer, SGLangPolicy
+from trio_swe.sandbox import Backend, BackendWrapper, Sandbox, SandboxSpec
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config
 
@@ -57,3 +58,92 @@ async def test_leaving_early_cancels_the_rest(tmp_path: Path) -> None:
             first = await stream.receive()
     assert first.status in ("completed", "truncated")
     assert_nothing_left(tmp_path, backend)
+
+
+class _GatedAgent(BaseAgent):
+    """Runs until ``gate`` is set; counts the agents running at once."""
+
+    def __init__(self, gate: trio.Event) -> None:
+        self.gate = gate
+        self.running = self.peak = 0
+        self.two_running = trio.Event()
+
+    async def run(self, sandbox: Sandbox, task: AgentTask) -> AgentOutcome:
+        self.running += 1
+        self.peak = max(self.peak, self.running)
+        if self.running == 2:
+            self.two_running.set()
+        try:
+            await self.gate.wait()
+        finally:
+            self.running -= 1
+        return AgentOutcome(exit_code=0, finish="submitted")
+
+
+class _CountingBackend(BackendWrapper):
+    """Sets ``booted`` once ``n`` sandboxes were created."""
+
+    def __init__(self, backend: Backend, n: int) -> None:
+        super().__init__(backend, owns=False)
+        self.created, self.n, self.booted = 0, n, trio.Event()
+
+    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
+        sandbox = await super().create_sandbox(spec, nursery)
+        self.created += 1
+        if self.created == self.n:
+            self.booted.set()
+        return sandbox
+
+
+async def test_episodes_boot_ahead_while_the_agents_run(tmp_path: Path) -> None:
+    # Two agent slots, two episodes ahead: while both agents run (held at the gate), the next
+    # two episodes boot and prepare their sandboxes, then wait for a slot.
+    _, mds, local = build_demo(tmp_path)
+    gate = trio.Event()
+    agent = _GatedAgent(gate)
+    backend = _CountingBackend(local, n=4)
+    results: list[EpisodeResult] = []
+    config = demo_config(agent_time_budget_sec=600.0)  # held at the gate, never out of time
+    async with run_rollouts(
+        mds[:4], agent, backend=backend, config=config, concurrency=2, network=False
+    ) as stream:
+        with trio.fail_after(120):  # a hang guard: without boot-ahead only two ever boot
+            await backend.booted.wait()
+            await agent.two_running.wait()
+        gate.set()
+        async for result in stream:
+            results.append(result)
+    assert agent.peak == 2
+    assert sorted(r.status for r in results) == ["completed"] * 4, [r.error for r in results]
+    assert_nothing_left(tmp_path, local)
+
+
+async def test_boot_ahead_zero_holds_the_slot_from_boot_to_grade(tmp_path: Path) -> None:
+    _, mds, local = build_demo(tmp_path)
+    gate = trio.Event()
+    agent = _GatedAgent(gate)
+    backend = _CountingBackend(local, n=3)
+    async with run_rollouts(
+        mds[:3], agent, backend=backend, config=demo_config(), concurrency=2, boot_ahead=0,
+        network=False,
+    ) as stream:  # fmt: skip
+        with trio.fail_after(120):  # a hang guard only
+            await agent.two_running.wait()
+            # The third episode has not even booted: its slot is held by a running agent.
+            assert backend.created == 2
+            gate.set()
+            results = [r async for r in stream]
+    assert len(results) == 3
+    assert agent.peak == 2
+
+
+@pytest.mark.parametrize("boot_ahead", [-1, 3])
+async def test_boot_ahead_outside_zero_to_concurrency_is_refused(
+    tmp_path: Path, boot_ahead: int
+) -> None:
+    _, mds, local = build_demo(tmp_path)
+    with pytest.raises(ConfigError, match="boot_ahead must be between 0 and concurrency"):
+        async with run_rollouts(
+            mds, _GatedAgent(trio.Event()), backend=local, concurrency=2, boot_ahead=boot_ahead
+        ):
+            pass

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 import msgspec
@@ -72,7 +73,8 @@ class PhaseTimings(msgspec.Struct, kw_only=True):
 
     ``agent_commands`` and ``agent_policy`` are the parts of ``agent`` spent in the agent's
     commands and waiting for the policy; ``eval_tests`` is the part of ``eval`` spent running
-    the tests. What remains of ``total`` is the library's own overhead.
+    the tests; ``agent_wait`` is how long the prepared sandbox waited for a rollout's agent
+    slot (not in ``agent``). What remains of ``total`` is the library's own overhead.
     """
 
     boot: float = 0.0
@@ -86,11 +88,14 @@ class PhaseTimings(msgspec.Struct, kw_only=True):
     agent_commands: float = 0.0
     agent_policy: float = 0.0
     eval_tests: float = 0.0
+    agent_wait: float = 0.0
 
     @property
     def overhead(self) -> float:
-        """``total`` minus the agent's commands, the policy and the graded tests."""
-        return max(self.total - self.agent_commands - self.agent_policy - self.eval_tests, 0.0)
+        """``total`` minus the agent's commands, the policy, the graded tests and the wait for
+        an agent slot."""
+        spent = self.agent_commands + self.agent_policy + self.eval_tests + self.agent_wait
+        return max(self.total - spent, 0.0)
 
 
 class EpisodeResult(msgspec.Struct, kw_only=True):
@@ -185,6 +190,7 @@ async def run_episode(
     episode_id: str | None = None,
     sampling_params: Mapping[str, Any] | None = None,
     limiter: trio.CapacityLimiter | None = None,
+    agent_slots: trio.CapacityLimiter | None = None,
     network: bool = True,
     build_samples: bool = True,
     group_id: str | None = None,
@@ -209,6 +215,10 @@ async def run_episode(
         episode_id: unique id (the policy's routing key); a fresh one when None.
         sampling_params: SGLang sampling parameters for the agent's policy calls.
         limiter: the boot limiter; :func:`boot_limiter` of this trio run when None.
+        agent_slots: when given, the agent runs holding one of its tokens, the boot, workspace
+            and grading outside it (:func:`~trio_swe.open_rollouts` keeps its policy busy so).
+            The wait for a token moves the guard and the sandbox's TTL by as long as it took,
+            at most the agent's budget.
         network: whether the agent's sandbox gets network access.
         build_samples: False skips the samples (evaluation runs).
         group_id: the episode's group (default: the instance id); see :attr:`EpisodeResult.group_id`.
@@ -231,11 +241,13 @@ async def run_episode(
         sampling_params=sampling_params,
         group=(group_id or md.instance_id, group_index),
         keep_eval_artifacts=keep_eval_artifacts,
+        agent_slots=agent_slots,
     )
     started = time.monotonic()
     episode.started_at = time.time()
     abort: tuple[AbortReason, str] | None = None
     with trio.move_on_after(cfg.guard_sec) as guard:
+        episode.guard = guard
         try:
             unevaluable = evaluability_check(md, backend)
             if unevaluable:
@@ -276,8 +288,11 @@ class _Episode:
         sampling_params: Mapping[str, Any] | None,
         group: tuple[str, int],
         keep_eval_artifacts: bool = False,
+        agent_slots: trio.CapacityLimiter | None = None,
     ) -> None:
         self.md = md
+        self.agent_slots = agent_slots
+        self.guard: trio.CancelScope | None = None
         self.group = group
         self.keep_eval_artifacts = keep_eval_artifacts
         self.eval_artifacts: EvalArtifacts | None = None
@@ -308,7 +323,7 @@ class _Episode:
                 workdir=self.md.workdir,
                 # Agents that reach only their gateway (the CLI agents) ask for no network.
                 network=network and self.agent.sandbox_network,
-                ttl_sec=self.config.guard_sec,
+                ttl_sec=self._sandbox_ttl(),
                 metadata={
                     "instance_id": self.md.instance_id[:200],
                     "episode_id": self.episode_id[:200],
@@ -336,14 +351,50 @@ class _Episode:
             self.samples = self._samples()
             timings.samples = time.monotonic() - t6
 
+    def _sandbox_ttl(self) -> float:
+        """The agent sandbox's TTL: the guard, and the longest wait for an agent slot."""
+        ttl = self.config.guard_sec
+        if self.agent_slots is not None:
+            ttl += self.config.episode.agent_time_budget_sec + AGENT_GRACE_SEC
+        return ttl
+
+    @asynccontextmanager
+    async def _agent_slot(self) -> AsyncIterator[None]:
+        """Hold an agent slot (when the rollout has them) while the agent runs. The wait is
+        not the episode's work: the guard moves by as long as it took."""
+        if self.agent_slots is None:
+            yield
+            return
+        t0 = trio.current_time()
+        async with self.agent_slots:
+            waited = trio.current_time() - t0
+            self.timings.agent_wait = waited
+            if self.guard is not None:
+                # A slot frees within one agent's budget (boot_ahead <= concurrency, FIFO).
+                budget = self.config.episode.agent_time_budget_sec + AGENT_GRACE_SEC
+                self.guard.deadline += min(waited, budget)
+            yield
+
     async def _agent_phase(self, sb: Sandbox) -> None:
         """Prepare the workspace, run the agent under its budget, take the patch."""
         md, cfg, timings = self.md, self.config, self.timings
         user = self.agent.user
         t1 = time.monotonic()
         self.base_commit = base = await prepare_workspace(sb, md, user, cfg)
-        t2 = time.monotonic()
-        timings.setup = t2 - t1
+        timings.setup = time.monotonic() - t1
+        async with self._agent_slot():
+            t2 = time.monotonic()
+            self.outcome = await self._run_agent(sb)
+            t3 = time.monotonic()
+        timings.agent = t3 - t2
+        timings.agent_commands = self.outcome.command_sec
+        timings.agent_policy = self.outcome.policy_sec
+        self.patch = await take_patch(sb, md.workdir, base, agent_user=user)
+        timings.patch = time.monotonic() - t3
+
+    async def _run_agent(self, sb: Sandbox) -> AgentOutcome:
+        """The agent, under its budget (which starts now)."""
+        md, cfg = self.md, self.config
         task = AgentTask(
             instance_id=md.instance_id,
             session_id=self.episode_id,
@@ -360,13 +411,7 @@ class _Episode:
         # agent that ignores it.
         with trio.move_on_after(cfg.episode.agent_time_budget_sec + AGENT_GRACE_SEC):
             outcome = await self.agent.run(sb, task)
-        self.outcome = outcome or AgentOutcome(exit_code=-1, finish="time_budget")
-        t3 = time.monotonic()
-        timings.agent = t3 - t2
-        timings.agent_commands = self.outcome.command_sec
-        timings.agent_policy = self.outcome.policy_sec
-        self.patch = await take_patch(sb, md.workdir, base, agent_user=user)
-        timings.patch = time.monotonic() - t3
+        return outcome or AgentOutcome(exit_code=-1, finish="time_budget")
 
     async def _grade(self) -> EvalResult:
         """Grade the patch in a fresh sandbox; its infrastructure failures abort the episode."""

@@ -106,6 +106,7 @@ async def open_rollouts(
     backend: Backend,
     config: SweConfig | None = None,
     concurrency: int = 4,
+    boot_ahead: int | None = None,
     n_per_instance: int = 1,
     done: Collection[tuple[str, int]] = (),
     sampling_params: Mapping[str, Any] | None = None,
@@ -115,8 +116,8 @@ async def open_rollouts(
     episode_id: Callable[[InstanceMetadata], str] | None = None,
     on_start: Callable[[InstanceMetadata], None] | None = None,
 ) -> AsyncIterator[trio.MemoryReceiveChannel[EpisodeResult]]:
-    """Run ``n_per_instance`` episodes per instance, at most ``concurrency`` at a time; stream
-    the results.
+    """Run ``n_per_instance`` episodes per instance, at most ``concurrency`` agents at a time;
+    stream the results.
 
     Use it as an async context manager whose value is an async iterator of results, in the
     order they finish::
@@ -127,6 +128,13 @@ async def open_rollouts(
 
     Leaving the block before the iterator is exhausted cancels the episodes still running.
     Instances are pulled from ``instances`` lazily, only when a slot is free.
+
+    Only the agents hold the ``concurrency`` slots: up to ``boot_ahead`` more episodes boot and
+    prepare their sandboxes, then wait for a slot, or grade after theirs, so the policy serves
+    ``concurrency`` agents while boots and grading run around them (without it, episodes that
+    start together boot and grade together and leave the policy idle meanwhile). The wait for
+    a slot counts against neither the agent's budget nor the episode's guard. At most
+    ``concurrency + boot_ahead`` episodes hold sandboxes at once.
 
     Groups (GRPO): each instance's ``n_per_instance`` episodes are a group (see
     :func:`plan_groups`); every episode has its own sandbox and its own seed
@@ -142,8 +150,10 @@ async def open_rollouts(
             built-in agents are).
         backend: where sandboxes come from.
         config: budgets and limits; :meth:`SweConfig.from_env` when None.
-        concurrency: episodes running at once (boots are further limited by
+        concurrency: agents running at once (boots are further limited by
             ``config.boot.concurrency``).
+        boot_ahead: episodes booting, waiting for a slot or grading beside them, at most
+            ``concurrency`` (its default; 0: each episode holds its slot from boot to grade).
         n_per_instance: episodes per instance (a group each).
         done: ``(group_id, group_index)`` of episodes already finished: not run again.
         sampling_params: sampling parameters for every policy call (a ``seed`` in them is the
@@ -157,12 +167,16 @@ async def open_rollouts(
     """
     if concurrency < 1:
         raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
+    if boot_ahead is not None and not 0 <= boot_ahead <= concurrency:
+        # More would wait longer than one agent's budget for a slot (see run_episode).
+        raise ConfigError(f"boot_ahead must be between 0 and concurrency, not {boot_ahead}")
     cfg = config if config is not None else SweConfig.from_env()
     runner = LocalEpisodes(
         agent,
         backend=backend,
         config=cfg,
         concurrency=concurrency,
+        boot_ahead=concurrency if boot_ahead is None else boot_ahead,
         network=network,
         build_samples=build_samples,
         keep_eval_artifacts=keep_eval_artifacts,
@@ -201,8 +215,9 @@ class EpisodeRunner(Protocol):
 
 
 class LocalEpisodes:
-    """Episodes in this trio run: :func:`~trio_swe.run_episode`, ``concurrency`` at a time,
-    boots under this run's shared boot limiter."""
+    """Episodes in this trio run: :func:`~trio_swe.run_episode`, ``concurrency`` agents at a
+    time and ``boot_ahead`` more episodes booting, waiting or grading beside them (see
+    :func:`open_rollouts`), boots under this run's shared boot limiter."""
 
     def __init__(
         self,
@@ -211,6 +226,7 @@ class LocalEpisodes:
         backend: Backend,
         config: SweConfig,
         concurrency: int,
+        boot_ahead: int = 0,
         network: bool = True,
         build_samples: bool = True,
         keep_eval_artifacts: bool = False,
@@ -218,7 +234,10 @@ class LocalEpisodes:
         self.agent, self.backend, self.config = agent, backend, config
         self.network, self.build_samples = network, build_samples
         self.keep_eval_artifacts = keep_eval_artifacts
-        self._slots = trio.CapacityLimiter(concurrency)
+        # Episodes alive (holding sandboxes), and among them the agents running: with no boot
+        # ahead the one limiter serves as both, and an episode holds its slot throughout.
+        self._slots = trio.CapacityLimiter(concurrency + boot_ahead)
+        self._agents = trio.CapacityLimiter(concurrency) if boot_ahead else None
         self._boot = boot_limiter(config)
 
     async def acquire(self) -> object:
@@ -243,6 +262,7 @@ class LocalEpisodes:
                 episode_id=episode_id,
                 sampling_params=sampling_params,
                 limiter=self._boot,
+                agent_slots=self._agents,
                 network=self.network,
                 build_samples=self.build_samples,
                 group_id=member.group_id,

@@ -35,7 +35,7 @@ AGENTS = (
 
 
 def sampled_once(
-    result: EpisodeResult, calls: list[tuple[list[int], PolicyOutput]]
+    result: EpisodeResult, calls: list[tuple[list[int], PolicyOutput]], temperature: float
 ) -> tuple[list[tuple[RescoreRequest, list[tuple[int, float]]]], int]:
     """Check that each call's output is trained at most once, in place, with its log-probs;
     return, per sample, its re-score request and its trained (position, log-prob) pairs, and
@@ -64,14 +64,15 @@ def sampled_once(
         assert len(homes) <= 1, (k, homes)
         nowhere += not homes
     return [
-        (RescoreRequest(tokens=result.samples[s].tokens_list(), temperature=1.0), pairs)
+        (RescoreRequest(tokens=result.samples[s].tokens_list(), temperature=temperature), pairs)
         for s, pairs in found.items()
     ], nowhere
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("agent", AGENTS)
 async def test_cli_agent_samples_are_what_the_engine_sampled(
-    engine: VLLMEngine, checkpoint: Path, tmp_path: Path, agent: str
+    engine: VLLMEngine, checkpoint: Path, tmp_path: Path, agent: str, temperature: float
 ) -> None:
     await ensure_installed(agent)
     _, mds, backend = build_demo(tmp_path)
@@ -87,15 +88,16 @@ async def test_cli_agent_samples_are_what_the_engine_sampled(
             config=demo_config(
                 agent_time_budget_sec=240.0, max_context_tokens=40960, ill_formed_policy="train"
             ),
-            sampling_params={"max_new_tokens": 48, "temperature": 1.0},
+            sampling_params={"max_new_tokens": 48, "temperature": temperature},
         )
     assert result.status != "aborted", (result.abort_reason, result.error, result.agent_output)
     calls = [c for session in recorder.calls.values() for c in session]
     assert calls
+    assert recorder.temperatures == {temperature}  # the run's, whatever the CLI asks for
     side = cli.last_session.statistics().side_turns
     # Requests without tools (opencode's title) are side chains: served, never trained.
     assert result.n_turns + side == len(calls)
-    pairs, nowhere = sampled_once(result, calls)
+    pairs, nowhere = sampled_once(result, calls, temperature)
     assert nowhere == side
     scores = rescore(checkpoint, [request for request, _ in pairs])
     worst = max(
@@ -105,7 +107,7 @@ async def test_cli_agent_samples_are_what_the_engine_sampled(
     )
     trained = sum(len(sampled) for _, sampled in pairs)
     longest = max(len(prompt) for prompt, _ in calls)
-    print(f"{agent}: {result.n_turns} turns (+{side} side), {trained} trained tokens, prompts up to {longest} "
+    print(f"{agent} T={temperature}: {result.n_turns} turns (+{side} side), {trained} trained tokens, prompts up to {longest} "
           f"tokens, max |rollout - re-score| = {worst:.2e}")  # fmt: skip
     assert worst <= RESCORE_TOLERANCE
     assert_nothing_left(tmp_path, backend)

@@ -30,11 +30,13 @@ from .test_vllm_policy import RESCORE_TOLERANCE
 
 
 class Recorder:
-    """A policy that passes every call to ``inner`` and keeps (prompt, output) per session."""
+    """A policy that passes every call to ``inner`` and keeps (prompt, output) per session,
+    and the temperature of each call."""
 
     def __init__(self, inner: VLLMPolicy) -> None:
         self.inner = inner
         self.calls: dict[str, list[tuple[list[int], PolicyOutput]]] = defaultdict(list)
+        self.temperatures: set[object] = set()
 
     async def generate(
         self,
@@ -45,6 +47,7 @@ class Recorder:
     ) -> PolicyOutput:
         out = await self.inner.generate(input_ids, sampling_params, session_id=session_id)
         self.calls[session_id or ""].append((list(input_ids), out))
+        self.temperatures.add(sampling_params.get("temperature"))
         return out
 
 

@@ -175,3 +175,18 @@ def test_sampling_parameters_ask_for_one_sequence() -> None:
     assert vllm_sampling_params({"n": 1, "min_new_tokens": 2})["min_tokens"] == 2
     with pytest.raises(InvalidArgumentError, match="n=4"):
         vllm_sampling_params({"n": 4})
+
+
+def test_a_parameter_vllm_does_not_know_is_refused_not_ignored() -> None:
+    # vLLM drops unknown sampling fields: a misspelt temperature would sample at T=1.
+    from trio_swe import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="'temperatur': not a vLLM sampling parameter"):
+        vllm_sampling_params({"temperatur": 0.7})
+    with pytest.raises(InvalidArgumentError, match="'json_schema'"):
+        vllm_sampling_params({"json_schema": "{}"})  # SGLang's, vLLM spells it otherwise
+    # SGLang's names vLLM spells otherwise, and its text-only options, still pass.
+    params = {"max_new_tokens": 5, "top_k": 3, "stop_token_ids": [2], "no_stop_trim": True}
+    assert vllm_sampling_params(params) == {
+        "max_tokens": 5, "top_k": 3, "stop_token_ids": [2], "n": 1, "logprobs": 0,
+    }  # fmt: skip

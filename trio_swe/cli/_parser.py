@@ -141,8 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--concurrency",
         type=int,
         default=4,
-        help="episodes running at once (per worker with --ray); boots are further limited by "
-        "SWE_BOOT_CONCURRENCY (default: 4)",
+        help="agents running at once; as many more episodes boot or grade beside them (with "
+        "--ray: episodes per worker, each holding its slot throughout); boots are further "
+        "limited by SWE_BOOT_CONCURRENCY (default: 4)",
     )
     run.add_argument(
         "--ray",
@@ -291,7 +292,10 @@ def build_parser() -> argparse.ArgumentParser:
         "every episode earned the reward its script plays for.",
     )
     demo.add_argument(
-        "--concurrency", type=int, default=4, help="episodes running at once (default: 4)"
+        "--concurrency",
+        type=int,
+        default=4,
+        help="agents running at once; as many more episodes boot or grade beside them (default: 4)",
     )
     demo.add_argument(
         "--agent",

@@ -43,9 +43,20 @@ Route = Literal["generate", "completions"]
 _RENAMED: Final = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 #: Set by the client, whatever the caller asks: one sequence, the sampled token's log-prob only.
 _OWNED: Final = frozenset({"n", "logprobs", "prompt_logprobs"})
-#: SGLang's options about its text output or its reply, meaningless for token output (vLLM
-#: refuses unknown fields): dropped.
+#: SGLang's options about its text output or its reply, meaningless for token output: dropped.
 _TEXT_ONLY: Final = frozenset({"no_stop_trim", "return_logprob", "return_text_in_logprobs"})
+#: vLLM's public ``SamplingParams`` fields (0.32) the caller may set. vLLM ignores a field it
+#: does not know, so a misspelt ``temperatur`` would sample at the default temperature and
+#: train on it: anything else is refused here.
+_VLLM_FIELDS: Final = frozenset(
+    {
+        "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+        "top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens",
+        "min_tokens", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+        "include_stop_str_in_output", "structured_outputs", "logit_bias", "allowed_token_ids",
+        "extra_args", "bad_words", "thinking_token_budget", "repetition_detection",
+    }
+)  # fmt: skip
 
 #: Bound on the shielded abort sent when a generation is cancelled.
 ABORT_TIMEOUT_SEC = 5.0
@@ -58,7 +69,8 @@ def vllm_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises:
         InvalidArgumentError: ``params`` asks for more than one sequence (``n``), which a
-            turn of an episode never is.
+            turn of an episode never is, or names a parameter vLLM does not know (it would
+            ignore it).
     """
     out: dict[str, Any] = {}
     for key, value in params.items():
@@ -68,7 +80,13 @@ def vllm_sampling_params(params: Mapping[str, Any]) -> dict[str, Any]:
             if key == "n" and value not in (None, 1):
                 raise InvalidArgumentError(f"sampling_params n={value!r}: one sequence per call")
             continue
-        out[_RENAMED.get(key, key)] = value
+        name = _RENAMED.get(key, key)
+        if name not in _VLLM_FIELDS:
+            raise InvalidArgumentError(
+                f"sampling_params {key!r}: not a vLLM sampling parameter (vLLM would ignore "
+                f"it); known: {', '.join(sorted(_VLLM_FIELDS | _RENAMED.keys()))}"
+            )
+        out[name] = value
     out["n"] = 1
     out["logprobs"] = 0  # the sampled token's own log-prob, no alternatives
     return out
