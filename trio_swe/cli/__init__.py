@@ -6,11 +6,12 @@
 * ``demo`` (:mod:`.demo`): the bundled demo end to end, without network.
 * ``results`` (:mod:`.results`): a results file's summary or export.
 
-The parser is :mod:`._parser`, the tables :mod:`._render`, the entry point :mod:`._main`.
+The parser is :mod:`._parser`, the tables :mod:`._render`, the dispatch :mod:`._main`. The
+console script starts in :mod:`._entry`, which imports none of them before it handles Ctrl-C.
 """
 
 from __future__ import annotations
 
-from ._main import main
+from ._entry import console, main
 
-__all__ = ["main"]
+__all__ = ["console", "main"]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
+from ._entry import console
 
-from ._main import main
-
-sys.exit(main())
+console()
