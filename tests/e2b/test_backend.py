@@ -34,6 +34,14 @@ async def test_exec_files_and_users(server_backend: Pair) -> None:
         assert (res.exit_code, res.reason) == (3, "exit")
         assert res.output == "hi there\n/testbed\n"
         assert (await sb.exec("id -un", user="agent")).output == "agent\n"
+        # The backend names its user and cwd on every call: root and the workdir, whatever
+        # envd's default (E2B's, and the server's: `user` in /home/user).
+        assert (await sb.exec("id -un; echo $HOME")).output == "root\n/root\n"
+        assert (await sb.exec("id -un; echo $HOME", user="user")).output == "user\n/home/user\n"
+        await sb.write_file("/tmp/by-user", "u", user="user")
+        await sb.write_file("/tmp/by-root", "r")
+        owners = await sb.exec("stat -c %U /tmp/by-user /tmp/by-root")
+        assert owners.output == "user\nroot\n"
         assert (await sb.exec("pwd", cwd="/tmp")).output == "/tmp\n"
         await sb.write_file("/tmp/d/f.bin", bytes(range(256)) * 100)
         assert await sb.read_file("/tmp/d/f.bin") == bytes(range(256)) * 100

@@ -277,7 +277,7 @@ async def test_files_upload_download_and_missing(
         content=b"home",
         headers={**sbx.headers("user"), "content-type": "application/octet-stream"},
     )
-    assert r.json()[0]["path"] == "/home/agent/rel.txt"
+    assert r.json()[0]["path"] == "/home/user/rel.txt"
     missing = await client.get(url, params={"path": "/tmp/none"}, headers=sbx.headers())
     assert missing.status_code == 404
     assert "not found" in missing.json()["message"]

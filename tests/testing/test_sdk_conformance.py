@@ -88,7 +88,7 @@ async def test_sdk_create_run_files_background_connect_kill(server: EnvdServer) 
 
     out = await in_thread(scenario)
     assert out["run"] == (0, "from-create per-call\n/tmp\n")
-    assert out["whoami"] == "agent"
+    assert out["whoami"] == "user"
     assert out["exit"][0] == 5
     assert "bad" in out["exit"][1]
     assert out["read"] == "hello from sdk"
@@ -219,7 +219,7 @@ async def test_sdk_filesystem_calls(server: EnvdServer) -> None:
     assert out["mkdir"] is True
     assert out["mkdir_again"] is False
     assert out["exists"] == (True, False)
-    assert out["info"] == ("a.txt", e2b.FileType.FILE, 3, "root")
+    assert out["info"] == ("a.txt", e2b.FileType.FILE, 3, "user")  # the default user wrote it
     assert out["list1"] == ["b.txt", "sub"]
     assert out["list2"] == ["/tmp/fs/b.txt", "/tmp/fs/sub", "/tmp/fs/sub/a.txt"]
     assert out["moved"] == ("/tmp/fs/c.txt", "b")
@@ -297,3 +297,55 @@ async def test_sdk_sees_envd_documented_errors(server: EnvdServer) -> None:
     assert out["mkdir_over_dir"] is False
     assert out["list_missing"] in ("NotFoundException", "FileNotFoundException")
     assert out["remove_missing"] is True
+
+
+async def test_sdk_sees_e2b_default_user_home_and_file_ownership(server: EnvdServer) -> None:
+    """E2B's own defaults, as a real sandbox shows them (issue 27 item 9): the default user is
+    ``user``, a command runs in its home ``/home/user`` (a relative ``cwd`` too), ``HOME`` is
+    that home, a relative ``files.write`` path lands there, what ``user`` writes ``user`` owns,
+    and ``files.list`` entries carry path, size, mode, permissions and owner. ``root`` keeps
+    its own: ``/root``."""
+
+    def scenario() -> dict[str, Any]:
+        sb = e2b.Sandbox.create(timeout=60, **params(server))
+
+        def probe(fn: Callable[[], T]) -> T | str:
+            # Each check answers on its own: a server that differs shows every difference.
+            try:
+                return fn()
+            except Exception as exc:
+                return type(exc).__name__
+
+        def owned() -> str:
+            sb.files.write("/tmp/own/f.txt", "owned", user="user")  # absolute: ownership only
+            return sb.commands.run("stat -c %U:%G /tmp/own /tmp/own/f.txt", user="root").stdout
+
+        def entry() -> tuple[Any, ...]:
+            e = {x.name: x for x in sb.files.list("/tmp/own")}["f.txt"]
+            return (e.path, e.size, e.mode, e.permissions, e.owner, e.group)
+
+        out: dict[str, Any] = {
+            "default_user": probe(lambda: sb.commands.run("whoami").stdout),
+            "default_cwd": probe(lambda: sb.commands.run("pwd").stdout),
+            "home_of_user": probe(lambda: sb.commands.run("echo $HOME", user="user").stdout),
+            "relative_write": probe(lambda: sb.files.write("notes/rel.txt", "relative").path),
+            "read_back": probe(lambda: sb.files.read("/home/user/notes/rel.txt")),
+            "relative_cwd": probe(lambda: sb.commands.run("pwd", cwd="notes").stdout),
+            "owner": probe(owned),
+            "list_entry": probe(entry),
+            "root": probe(lambda: sb.commands.run("whoami; pwd; echo $HOME", user="root").stdout),
+        }
+        sb.kill()
+        return out
+
+    assert await in_thread(scenario) == {
+        "default_user": "user\n",
+        "default_cwd": "/home/user\n",
+        "home_of_user": "/home/user\n",
+        "relative_write": "/home/user/notes/rel.txt",
+        "read_back": "relative",
+        "relative_cwd": "/home/user/notes\n",
+        "owner": "user:user\nuser:user\n",
+        "list_entry": ("/tmp/own/f.txt", 5, 0o644, "-rw-r--r--", "user", "user"),
+        "root": "root\n/root\n/root\n",
+    }

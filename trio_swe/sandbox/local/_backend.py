@@ -18,10 +18,15 @@ from typing import Any, Final, Literal
 
 import trio
 
-from ..._errors import BackendUnavailableError, PermanentBootError, SandboxBootError
+from ..._errors import (
+    BackendUnavailableError,
+    InvalidArgumentError,
+    PermanentBootError,
+    SandboxBootError,
+)
 from .._images import ImageMap, ImageSource
 from .._types import BackendStatistics, SandboxSpec
-from .._validate import check_abs_path
+from .._validate import check_abs_path, check_user
 from ..oci import OciImage, OciStore, OciStoreStatistics, is_oci_image
 from ..oci._manifest import env_mapping
 from ..oci._unpack import read_file_in
@@ -29,7 +34,7 @@ from ._image import ImageCache, check_local_image, commit_mismatch
 from ._rootfs import HostRootCache, PathState, lstat_state, mount_args, workdir_problem
 from ._sandbox import LocalSandbox, kill_namespace, kill_process_group
 from ._trash import Trash, owner_gone
-from ._users import ROOT, SandboxUser, group_with, passwd_with, pick_agent_user
+from ._users import AGENT, ROOT, SandboxUser, group_with, passwd_with, pick_users
 
 WorkspaceMode = Literal["auto", "overlay", "copy"]
 
@@ -159,8 +164,9 @@ class LocalBackend(trio.abc.AsyncResource):
 
     The host's root file system is visible read-only, except ``/tmp`` and root's home
     ``/root``: each sandbox has its own, writable and empty at boot (``/tmp`` a tmpfs, ``/root``
-    a directory in the sandbox's state), removed when it is killed. ``agent`` has its own
-    writable ``/home/agent`` likewise. ``HOME`` is the running user's home.
+    a directory in the sandbox's state), removed when it is killed. Each unprivileged user
+    (``agent``, see ``users``) has its own writable ``/home/<name>`` likewise. ``HOME`` is the
+    running user's home.
 
     Args:
         state_dir: where per-sandbox state and cached git checkouts live (default
@@ -195,6 +201,10 @@ class LocalBackend(trio.abc.AsyncResource):
             backend that names it (default ``<state_dir>/oci``).
         plain_http_registries: registries (``host:port``) pulled over plain HTTP; loopback
             ones always are.
+        users: the unprivileged accounts every sandbox has besides ``root`` (default
+            ``("agent",)``), each with uid and gid >= 1000 (or the host's or image's own, when
+            it has the name) and a private writable home ``/home/<name>``. E2B's templates run
+            as ``user``: the envd test server's sandboxes have ``("user", "agent")``.
 
     Images: a directory or ``path@commit`` is shown at the workdir over the host's root; an
     OCI image (``registry/name:tag``, ``name@sha256:...``, ``oci:DIR[:TAG]``,
@@ -221,8 +231,14 @@ class LocalBackend(trio.abc.AsyncResource):
         images: ImageSource | None = None,
         oci_cache_dir: str | os.PathLike[str] | None = None,
         plain_http_registries: Sequence[str] = (),
+        users: Sequence[str] = (AGENT,),
     ) -> None:
         self.image_for = ImageMap(images)
+        if isinstance(users, str):
+            raise InvalidArgumentError(f"users must be a sequence of names, got {users!r}")
+        self._user_names = tuple(check_user(u) for u in users)
+        if ROOT.name in self._user_names or len(set(self._user_names)) != len(self._user_names):
+            raise InvalidArgumentError(f"users must be distinct and not root: {users!r}")
         self._boot_limiter = trio.CapacityLimiter(max_concurrent_boots)
         self._boot_timeout = boot_timeout_sec
         # Absolute: mount options and bind sources must not depend on the working directory
@@ -255,7 +271,9 @@ class LocalBackend(trio.abc.AsyncResource):
         self._overlay_ok: bool | None = None
         # The host root's plan and passwd/group, reused while the host's files are unchanged.
         self._host_root = HostRootCache()
-        self._users: tuple[tuple[PathState, PathState], tuple[SandboxUser, str, str]] | None = None
+        self._users: (
+            tuple[tuple[PathState, PathState], tuple[tuple[SandboxUser, ...], str, str]] | None
+        ) = None
         self._shared: set[Path] = set()  # files of _shared_file written by this backend
         self._overlay_options = ""  # OVERLAY_VOLATILE once the probe found the kernel has it
         self._counter = itertools.count()
@@ -464,19 +482,19 @@ class LocalBackend(trio.abc.AsyncResource):
             self._live.discard(sandbox)
             self._stats["killed"] += 1
 
-    def _host_users(self) -> tuple[SandboxUser, str, str]:
-        """``agent`` and the sandbox's passwd and group texts, from the host's files (read
-        again only when their ``lstat`` changed)."""
+    def _host_users(self) -> tuple[tuple[SandboxUser, ...], str, str]:
+        """The unprivileged users and the sandbox's passwd and group texts, from the host's
+        files (read again only when their ``lstat`` changed)."""
         t0 = time.time_ns()
         seen = (lstat_state("/etc/passwd"), lstat_state("/etc/group"))
         if self._users is not None and self._users[0] == seen:
             return self._users[1]
         host_passwd = Path("/etc/passwd").read_text()
-        agent = pick_agent_user(host_passwd)
+        accounts = pick_users(host_passwd, self._user_names)
         users = (
-            agent,
-            passwd_with(host_passwd, agent),
-            group_with(Path("/etc/group").read_text(), agent),
+            accounts,
+            passwd_with(host_passwd, *accounts),
+            group_with(Path("/etc/group").read_text(), *accounts),
         )
         # Kept once settled (see HostRootCache): an edit in the same mtime tick as this read
         # would otherwise go unseen.
@@ -502,12 +520,10 @@ class LocalBackend(trio.abc.AsyncResource):
         self, state: Path, lower: Path, workdir: str, spec: SandboxSpec, use_overlay: bool
     ) -> tuple[list[str], dict[str, Any], dict[str, str]]:
         """Lay out the sandbox's state directory and build the host command that boots it."""
-        agent, passwd, group = self._host_users()
+        accounts, passwd, group = self._host_users()
         passwd_file = self._shared_file("passwd", passwd)
         group_file = self._shared_file("group", group)
-        home = state / "home-agent"
-        home.mkdir()
-        os.chown(home, agent.uid, agent.gid)
+        homes = _make_homes(state, accounts)
         # root's own HOME, replacing the host's /root (which the sandbox never sees): tools
         # write ~/.cache, ~/.config, `git config --global`, `pip install --user` there.
         root_home = state / "home-root"
@@ -531,7 +547,7 @@ class LocalBackend(trio.abc.AsyncResource):
             "/etc/passwd": ("ro-bind", passwd_file),
             "/etc/group": ("ro-bind", group_file),
             ROOT.home: ("bind", str(root_home)),
-            agent.home: ("bind", str(home)),
+            **{u.home: ("bind", str(h)) for u, h in zip(accounts, homes, strict=True)},
             workdir: ("bind", str(workspace)),
         }
         for path in self._host_binds:
@@ -580,7 +596,7 @@ class LocalBackend(trio.abc.AsyncResource):
             )
         else:
             argv = [*_PARENT, *bwrap]
-        return argv, {"root": ROOT, agent.name: agent}, base_env
+        return argv, {"root": ROOT, **{u.name: u for u in accounts}}, base_env
 
     def _prepare_oci(
         self, state: Path, oci: OciImage, workdir: str, spec: SandboxSpec
@@ -594,12 +610,10 @@ class LocalBackend(trio.abc.AsyncResource):
         top_first = list(reversed(oci.layers))
         image_passwd = read_file_in(top_first, "etc/passwd") or "root:x:0:0:root:/root:/bin/sh\n"
         image_group = read_file_in(top_first, "etc/group") or "root:x:0:\n"
-        agent = pick_agent_user(image_passwd)
-        (state / "passwd").write_text(passwd_with(image_passwd, agent))
-        (state / "group").write_text(group_with(image_group, agent))
-        home = state / "home-agent"
-        home.mkdir()
-        os.chown(home, agent.uid, agent.gid)
+        accounts = pick_users(image_passwd, self._user_names)
+        (state / "passwd").write_text(passwd_with(image_passwd, *accounts))
+        (state / "group").write_text(group_with(image_group, *accounts))
+        homes = _make_homes(state, accounts)
         for sub in ("upper", "work", "merged", "l"):
             (state / sub).mkdir()
         # Short names keep the mount options under a page whatever the cache's path.
@@ -618,7 +632,8 @@ class LocalBackend(trio.abc.AsyncResource):
         bwrap += ["--perms", "1777", "--tmpfs", "/tmp"]
         bwrap += ["--ro-bind", str(state / "passwd"), "/etc/passwd"]
         bwrap += ["--ro-bind", str(state / "group"), "/etc/group"]
-        bwrap += ["--bind", str(home), agent.home]
+        for u, h in zip(accounts, homes, strict=True):
+            bwrap += ["--bind", str(h), u.home]
         for target, host in self._ro_binds.items():
             bwrap += ["--ro-bind", host, target]
         bwrap += ["--unshare-pid", "--unshare-ipc", "--unshare-uts", "--hostname", "sandbox"]
@@ -646,7 +661,18 @@ class LocalBackend(trio.abc.AsyncResource):
             bwrap,
             options=self._overlay_options,
         )
-        return argv, {"root": ROOT, agent.name: agent}, base_env
+        return argv, {"root": ROOT, **{u.name: u for u in accounts}}, base_env
+
+
+def _make_homes(state: Path, accounts: Sequence[SandboxUser]) -> list[Path]:
+    """Each account's private home in the sandbox's state, owned by it."""
+    homes = []
+    for u in accounts:
+        home = state / f"home-{u.name}"
+        home.mkdir()
+        os.chown(home, u.uid, u.gid)
+        homes.append(home)
+    return homes
 
 
 async def _read_child_pid(

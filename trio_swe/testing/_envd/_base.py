@@ -200,9 +200,13 @@ class AppBase:
         return entry.token is None or req.headers.get("x-access-token") == entry.token
 
     def _abs_path(self, path: str, user: str) -> str:
+        """envd's resolution of a path (or a ``cwd``): ``~`` and relative paths, an empty one
+        too, are in the user's home."""
         if path.startswith("/"):
             return posixpath.normpath(path)
         home = "/root" if user == "root" else f"/home/{user}"
+        if path == "~" or path.startswith("~/"):
+            path = path[2:]
         return posixpath.normpath(posixpath.join(home, path))
 
 

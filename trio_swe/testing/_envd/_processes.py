@@ -147,12 +147,18 @@ class ProcessTable:
         stdin: bool,
         tag: str | None,
         timeout_sec: float | None,
+        cwd: str | None = None,
     ) -> tuple[ProcessRecord, trio.MemoryReceiveChannel[ProcessEvent]]:
-        """Start ``config.cmd config.args`` and attach the caller before any output flows."""
+        """Start ``config.cmd config.args`` (in ``cwd``, resolved by the caller; ``None``:
+        ``config.cwd``) and attach the caller before any output flows."""
         if tag is not None and tag in self._by_tag and self._by_tag[tag].end is None:
             raise ValueError(f"a running process already has tag {tag!r}")
         proc = await host.start_process(
-            [config.cmd, *config.args], user=user, env=env, cwd=config.cwd, stdin=stdin
+            [config.cmd, *config.args],
+            user=user,
+            env=env,
+            cwd=config.cwd if cwd is None else cwd,
+            stdin=stdin,
         )
         record = ProcessRecord(proc, config, tag)
         self._by_pid[record.pid] = record

@@ -27,6 +27,9 @@ from ._registry import SandboxRegistry
 
 _log = logging.getLogger("trio_swe.testing")
 
+#: E2B's default user (its templates' ``set_user`` default), also the server's.
+E2B_USER = "user"
+
 
 class _DropInjectedAborts(logging.Filter):
     """hypercorn logs every exception an app raises; injected HTTP/1.1 aborts are not errors."""
@@ -187,7 +190,10 @@ def _default_backend() -> Backend:
         from ...sandbox.local import LocalBackend
     except ImportError as exc:  # pragma: no cover - the local backend ships with trio_swe
         raise ConfigError(f"the local backend is unavailable: {exc}") from exc
-    backend: Backend = LocalBackend()
+    # E2B's templates run as `user` (home /home/user); `agent` is the account trio_swe's
+    # episodes hand the tree to, which they would create with useradd on E2B (the local
+    # sandbox's /etc/passwd is read-only).
+    backend: Backend = LocalBackend(users=(E2B_USER, "agent"))
     return backend
 
 
@@ -203,7 +209,7 @@ async def open_envd_server(
     fault_proxy: bool | None = None,
     sandbox_ttl_sec: float = 300.0,
     process_retention_sec: float = 30.0,
-    default_user: str = "root",
+    default_user: str = "user",
     workdir: str = "/testbed",
     domain: str = "localhost",
     debug_template: str | None = "base",
@@ -236,8 +242,11 @@ async def open_envd_server(
         sandbox_ttl_sec: timeout of a sandbox created without one.
         process_retention_sec: how long a finished process's end event stays available to
             ``Connect`` (envd: 30 s).
-        default_user: the user of requests that name none.
-        workdir: workdir of every sandbox (where the template's image is mounted).
+        default_user: the user of requests that name none (E2B's templates: ``user``, whose
+            home ``/home/user`` is where its commands run and relative paths resolve).
+        workdir: where the template's image is mounted in every sandbox (E2B templates put
+            SWE-bench repositories at ``/testbed``). Commands that name no ``cwd`` run in
+            their user's home, as on E2B, not here.
         domain: the domain reported in REST answers.
         debug_template: template of the sandbox lazily created for the SDK's debug-mode id
             ``debug_sandbox_id``; ``None`` refuses debug mode.
@@ -245,8 +254,10 @@ async def open_envd_server(
         host: loopback address to bind (``127.0.0.1`` or ``::1``).
         ca: a ``trustme.CA`` to issue the certificate from (default: a fresh one). Reuse one CA
             per process when the client caches its trust store (the e2b SDK does).
-        user_aliases: user names mapped to sandbox users (default ``{"user": "agent"}``: the
-            SDK's ``user="user"`` runs as the local sandbox's unprivileged user).
+        user_aliases: user names mapped to the backend's users (default none: the default
+            backend's sandboxes have E2B's ``user`` account, uid 1000 unless the host uses
+            it, with a writable ``/home/user``; ``{"user": "agent"}`` suits a
+            ``LocalBackend()`` of your own, which has only ``agent``).
         lean_http2: serve HTTP/2-over-TLS connections with a lean server of our own instead
             of hypercorn (which at thousands of streams queues requests and replies in its
             per-frame awaits: the server, not the client, becomes what a load test measures).
@@ -299,7 +310,7 @@ async def open_envd_server(
                 default_user=default_user,
                 domain=domain,
                 debug_template=debug_template,
-                user_aliases={"user": "agent"} if user_aliases is None else user_aliases,
+                user_aliases={} if user_aliases is None else user_aliases,
                 serve_max_bytes=serve_max_bytes,
             )
             config = Config()

@@ -78,6 +78,8 @@ class StreamRoutes(AppBase):
                         start.process,
                         user=user,
                         env=env,
+                        # envd: no cwd is the user's home, and so is a relative one's base.
+                        cwd=self._abs_path(start.process.cwd or "", user),
                         stdin=True if start.stdin is None else start.stdin,
                         tag=start.tag,
                         timeout_sec=timeout_sec,
