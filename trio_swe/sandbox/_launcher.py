@@ -636,6 +636,22 @@ def exec_record_wrapper(
     )
 
 
+def unwrap_exec_record(argv: list[str]) -> list[str]:
+    """``["/bin/sh", "-c", CMD]`` for the argv of a recorded exec, else ``argv`` unchanged (for
+    servers that interpret commands rather than run them)."""
+    if (
+        len(argv) == 5
+        and argv[1] == "-c"
+        and argv[3] == "/bin/sh"
+        and argv[2].startswith(_EXEC_WRAPPER_HEAD)
+    ):
+        return [argv[0], "-c", argv[4]]
+    return argv
+
+
+_EXEC_WRAPPER_HEAD: Final = _EXEC_WRAPPER.partition("@")[0]
+
+
 def exec_settle_script(nonce: str, user: str, base: str = EXEC_RECORD_BASE) -> str:
     """Fence a plain exec's record, or report it. Replay-safe; run as the call's user.
 
