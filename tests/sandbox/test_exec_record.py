@@ -35,11 +35,15 @@ def base(tmp_path: Path) -> str:
 
 
 def wrap(
-    sh: str, base: str, nonce: str, cmd: str, **kw: object
+    sh: str, base: str, nonce: str, cmd: str, cwd: str | None = None, **kw: object
 ) -> subprocess.CompletedProcess[str]:
     script = L.exec_record_wrapper(nonce, USER, base=base, **kw)  # type: ignore[arg-type]
     return subprocess.run(
-        [sh, "-c", script, "/bin/sh", cmd], capture_output=True, text=True, timeout=30
+        [sh, "-c", script, "/bin/sh", cmd],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=cwd or base.rsplit("/", 1)[0],  # the test's own directory, for what commands write
     )
 
 
@@ -136,7 +140,7 @@ def test_unwritable_base_runs_the_command_without_record(sh: str, tmp_path: Path
     base = str(tmp_path / "no" / "such" / "file" / "rec")
     (tmp_path / "no").write_text("a file, not a directory")
     n = nonce()
-    res = wrap(sh, base, n, "exit 6")
+    res = wrap(sh, base, n, "exit 6", cwd=str(tmp_path))
     assert res.returncode == 6  # bookkeeping never stops the command
     assert settle(sh, base, n) == ("gone", None)
 
