@@ -11,11 +11,16 @@ subprocess, so the CPU and RSS measured here are the client's alone.
     by ``TRIO_SWE_SLIME_DIR`` (skipped with the reason when unset). Both clients are configured
     from ``E2B_*`` and ``SSL_CERT_FILE``. ``TRIO_SWE_BENCH_PROFILE=1`` prints a cProfile of each
     child by library (``=2``: plus the top functions).
+(c) The cost of a plain exec's end record (issue 27 item 6): ``exec("true")`` sequential, with
+    its record (``idempotent=False``, the default: the wrapper script) vs bare (``idempotent=True``:
+    ``/bin/sh -c`` as every exec ran before the record), blocks interleaved in one client, medians
+    of per-call latency and of client CPU per call over ``TRIO_SWE_BENCH_RUNS`` clients.
 (b) N sandboxes at once, each running one detached command through ``exec_and_wait``: wall
     time, client peak RSS, client CPU, RPCs per command, errors. Default N=100 x 10 s (fits
     ~3 min on 2 cores); ``TRIO_SWE_BENCH_FULL=1`` runs the issue's 1,000 x 30 s.
 
-Run: ``python -m bench e2b`` (``TRIO_SWE_BENCH_E2B_CPU_ONLY=1``: only (a)).
+Run: ``python -m bench e2b`` (``TRIO_SWE_BENCH_E2B_CPU_ONLY=1``: only (a) and (c);
+``TRIO_SWE_BENCH_E2B_RECORD_ONLY=1``: only (c)).
 """
 
 from __future__ import annotations
@@ -200,7 +205,13 @@ def _child(who: str, what: str) -> None:
         os.environ["TRIO_SWE_E2B_HTTP_CLIENT"] = "httpx"
     else:
         os.environ.setdefault("TRIO_SWE_E2B_HTTP_CLIENT", "h2")
-    fn = {"ours": _ours, "ours_httpx": _ours, "sdk": _sdk, "slime": _slime}[who]
+    fn = {
+        "ours": _ours,
+        "ours_httpx": _ours,
+        "sdk": _sdk,
+        "slime": _slime,
+        "record": _record_cost,
+    }[who]
     print(json.dumps(fn(what)), flush=True)
 
 
@@ -262,6 +273,61 @@ def _ours(what: str) -> dict[str, Any]:
         return {"cpu": cpu, "errors": errors}
 
     return trio.run(main)
+
+
+RECORD_BLOCK = 40  # calls per block
+RECORD_BLOCKS = 5  # blocks per kind, interleaved
+
+
+def _record_cost(what: str) -> dict[str, Any]:
+    """Per-call latency and client CPU of ``exec("true")``: recorded vs bare, interleaved."""
+    from trio_swe import open_sandbox
+    from trio_swe.sandbox.e2b import E2BBackend
+
+    async def main() -> dict[str, Any]:
+        errors = 0
+        lat: dict[bool, list[float]] = {False: [], True: []}
+        cpu: dict[bool, list[float]] = {False: [], True: []}
+        async with E2BBackend() as backend, open_sandbox(backend, "base", workdir="/tmp") as sb:
+            for _ in range(5):  # warm the connection and the record directory
+                await sb.exec("true")
+                await sb.exec("true", idempotent=True)
+            for _ in range(RECORD_BLOCKS):
+                for bare in (True, False):
+                    c0 = _cpu()
+                    for _ in range(RECORD_BLOCK):
+                        t0 = time.perf_counter()
+                        r = await sb.exec("true", idempotent=bare)
+                        lat[bare].append(time.perf_counter() - t0)
+                        errors += r.exit_code != 0
+                    cpu[bare].append((_cpu() - c0) / RECORD_BLOCK)
+        return {
+            "lat_bare": statistics.median(lat[True]),
+            "lat_rec": statistics.median(lat[False]),
+            "cpu_bare": statistics.median(cpu[True]),
+            "cpu_rec": statistics.median(cpu[False]),
+            "errors": errors,
+        }
+
+    return trio.run(main)
+
+
+def bench_record(info: dict[str, str]) -> None:
+    runs = int(os.environ.get("TRIO_SWE_BENCH_RUNS", RUNS))
+    got = [_run_child(info, "record", "seq") for _ in range(runs)]
+
+    def med(key: str) -> float:
+        return statistics.median(g[key] for g in got)
+
+    print(
+        f'(c) plain exec("true"), sequential, {RECORD_BLOCKS}x{RECORD_BLOCK} calls per kind '
+        f"interleaved; medians over {runs} clients (TLS h2, one local server)"
+    )
+    print(f"    {'':28} {'bare':>9} {'recorded':>9} {'ratio':>6}")
+    for label, key in (("latency per call, ms", "lat"), ("client CPU per call, ms", "cpu")):
+        bare, rec = med(f"{key}_bare"), med(f"{key}_rec")
+        print(f"    {label:28} {bare * 1e3:9.3f} {rec * 1e3:9.3f} {rec / bare:6.2f}")
+    print(f"    failed calls: {sum(g['errors'] for g in got)}")
 
 
 def _sdk(what: str) -> dict[str, Any]:
@@ -479,7 +545,11 @@ def bench_many(info: dict[str, str]) -> None:
 
 def main() -> None:
     with Server() as info:
+        if os.environ.get("TRIO_SWE_BENCH_E2B_RECORD_ONLY") == "1":
+            bench_record(info)
+            return
         bench_cpu(info)
+        bench_record(info)
     if os.environ.get("TRIO_SWE_BENCH_E2B_CPU_ONLY") == "1":
         return
     with Server() as info:

@@ -14,10 +14,9 @@ from trio_swe import (
     SandboxError,
     SandboxFileNotFoundError,
     SandboxNotRunningError,
-    SandboxUnreachableError,
     open_sandbox,
 )
-from trio_swe.sandbox.e2b import E2BBackend
+from trio_swe.sandbox.e2b import E2BBackend, E2BSandboxStatistics
 from trio_swe.sandbox.e2b._h2conn import ping_interval_for, ping_timeout_for
 from trio_swe.testing import EnvdServer, Fault, FaultPlan
 
@@ -233,7 +232,10 @@ async def test_one_fault_on_start_runs_the_command_once(fault: Fault, tmp_path: 
         assert server.statistics().faults_injected == {fault.kind: fault.times or 1}
 
 
-async def test_non_idempotent_command_is_not_started_again_without_proof() -> None:
+async def test_non_idempotent_command_is_started_again_only_after_a_fence() -> None:
+    # A TCP close before the request leaves no proof that the Start did not arrive. The call's
+    # record settles it (issue 27 item 6): fenced, so the first Start can never run, and a new
+    # Start runs the command, once. This used to be SandboxUnreachableError.
     plan = FaultPlan(
         [Fault(kind="tcp_close", route="/process.Process/Start", before_request=True, times=1)]
     )
@@ -241,10 +243,17 @@ async def test_non_idempotent_command_is_not_started_again_without_proof() -> No
         open_server_and_backend(plan) as (_, backend),
         open_sandbox(backend, "base") as sb,
     ):
-        with pytest.raises(SandboxUnreachableError, match="not idempotent"):
-            await sb.exec("echo x >> /tmp/log")
-        with pytest.raises(SandboxFileNotFoundError):
-            await sb.read_file("/tmp/log")
+        res = await sb.exec("echo x >> /tmp/log; echo out; exit 4")
+        assert (res.exit_code, res.reason, res.output, res.output_truncated) == (
+            4,
+            "exit",
+            "out\n",
+            False,
+        )
+        assert await sb.read_file("/tmp/log") == b"x\n"
+        st = sb.statistics()
+        assert isinstance(st, E2BSandboxStatistics)
+        assert st.settles == 1
 
 
 async def test_idempotent_command_is_started_again_when_the_probe_finds_nothing() -> None:

@@ -70,6 +70,8 @@ ReplyState = Literal[
     "gone",  # the call's directory does not exist
     "killed",  # (kill) swept; fields: remaining pids, output size; then the output tail
     "notmine",  # (kill) the tag's directory belongs to another call: only our files removed
+    # settle (a plain exec's record, see exec_record_wrapper)
+    "fenced",  # the command never ran and now never will (fields: none)
 ]
 _STATES: Final = frozenset(get_args(ReplyState))
 
@@ -539,3 +541,147 @@ def parse_killed(reply: Reply) -> tuple[int, int]:
     if reply.state != "killed" or len(reply.fields) != 2:
         raise SandboxError(f"detached execution: not a killed reply: {reply}")
     return _int_field(reply.fields[0]), _int_field(reply.fields[1])
+
+
+# -- plain exec records ------------------------------------------------------------------------
+#
+# A plain ``exec`` streams its command's end over one RPC stream. When that stream is cut before
+# the start is acknowledged, and the backend then finds no process by the call's tag, the
+# command may have run (the request reached the server), may be starting, or may never run.
+# The record settles it with the same two ideas as the detached path: an atomic claim (here an
+# ``O_EXCL`` create, the spawn lock's ``ln -s``), and a done marker ``<nonce> <status>``. The
+# backend's ``settle`` either fences the record first (then the command provably never runs and
+# can be started afresh under a new nonce) or finds it claimed and reads the marker.
+
+#: One record file per plain exec: ``<EXEC_RECORD_BASE>.<user>/<nonce>`` (per user, as above).
+EXEC_RECORD_BASE: Final = "/tmp/.trio_swe_exec"
+#: What a wrapper exits with when its record was fenced or claimed already (it ran nothing).
+EXEC_FENCED_STATUS: Final = 125
+
+# Run as ``/bin/sh -c WRAPPER /bin/sh CMD``. Builtins only on the path of a healthy call (one
+# fork more than ``/bin/sh -c CMD``: the command's own shell), and no shell variables: an
+# assignment to a name the caller's environment exports would change the command's environment.
+# The claim holds the wrapper's pid (``$$``), the settle script's liveness check.
+_EXEC_WRAPPER = """\
+set -C
+if ! { echo $$ >@REC@; } 2>/dev/null; then
+  if [ -e @REC@ ] || [ -L @REC@ ]; then
+    echo 'trio_swe: exec record @NONCE@ exists: not run again' >&2; exit @FENCED@
+  fi
+  mkdir -p -m 700 @DIR@ 2>/dev/null && { echo $$ >@REC@; } 2>/dev/null
+fi
+set +C
+@CLEAN@/bin/sh -c "$1"
+set -- $?
+{ echo "@NONCE@ $1" >>@REC@; } 2>/dev/null
+exit "$1"
+"""
+
+_EXEC_SETTLE = """\
+mkdir -p -m 700 @DIR@ 2>/dev/null
+if (set -C; echo fenced >@REC@) 2>/dev/null; then echo TRIO_SWE fenced; exit 0; fi
+[ -f @REC@ ] || { echo TRIO_SWE gone; exit 0; }
+p=; m=; { read -r p; read -r m; } <@REC@
+[ "$p" = fenced ] && { echo TRIO_SWE fenced; exit 0; }
+[ -n "$m" ] && { echo TRIO_SWE done $m; exit 0; }
+case "$p" in
+  "") echo TRIO_SWE running; exit 0;;  # claimed this instant: the pid is being written
+  *[!0-9]*) ;;
+  *) if grep -qF @NONCE@ /proc/"$p"/cmdline 2>/dev/null; then echo TRIO_SWE running; exit 0; fi;;
+esac
+# The wrapper is gone: it appends the marker before it exits, so read once more.
+p=; m=; { read -r p; read -r m; } <@REC@
+[ -n "$m" ] && { echo TRIO_SWE done $m; exit 0; }
+echo TRIO_SWE lost
+"""
+
+#: Names of finished calls' records removed by a later wrapper of the same user, at most this many.
+EXEC_CLEAN_BATCH: Final = 64
+
+
+def exec_record_dir(user: str, base: str = EXEC_RECORD_BASE) -> str:
+    return f"{check_abs_path(base, what='base')}.{check_user(user)}"
+
+
+def exec_record_path(nonce: str, user: str, base: str = EXEC_RECORD_BASE) -> str:
+    check_tag(nonce)
+    return f"{exec_record_dir(user, base)}/{nonce}"
+
+
+def exec_record_wrapper(
+    nonce: str, user: str, *, clean: tuple[str, ...] = (), base: str = EXEC_RECORD_BASE
+) -> str:
+    """The ``sh`` script that runs a plain exec's command (its ``$1``) and records its end.
+
+    It claims ``<dir>/<nonce>`` atomically (``set -C``: an ``O_EXCL`` create) and writes its pid
+    there; if the record exists already (fenced by :func:`exec_settle_script`, or a duplicate
+    Start), it runs nothing and exits :data:`EXEC_FENCED_STATUS`. Then it runs
+    ``/bin/sh -c "$1"`` (exactly what an unwrapped exec runs), appends the done marker
+    ``<nonce> <status>`` and exits with the status. A record it cannot create (``/tmp`` not
+    writable) does not stop the command: only recovery is lost. ``clean`` names finished calls'
+    records (nonces) to remove first, so records do not pile up.
+    """
+    rec = shlex.quote(exec_record_path(nonce, user, base))
+    clean_cmd = ""
+    if clean:
+        names = " ".join(shlex.quote(exec_record_path(n, user, base)) for n in clean)
+        clean_cmd = f"rm -f -- {names} 2>/dev/null\n"
+    return _fill(
+        _EXEC_WRAPPER,
+        REC=rec,
+        NONCE=nonce,
+        DIR=shlex.quote(exec_record_dir(user, base)),
+        FENCED=str(EXEC_FENCED_STATUS),
+        CLEAN=clean_cmd,
+    )
+
+
+def unwrap_exec_record(argv: list[str]) -> list[str]:
+    """``["/bin/sh", "-c", CMD]`` for the argv of a recorded exec, else ``argv`` unchanged (for
+    servers that interpret commands rather than run them)."""
+    if (
+        len(argv) == 5
+        and argv[1] == "-c"
+        and argv[3] == "/bin/sh"
+        and argv[2].startswith(_EXEC_WRAPPER_HEAD)
+    ):
+        return [argv[0], "-c", argv[4]]
+    return argv
+
+
+_EXEC_WRAPPER_HEAD: Final = _EXEC_WRAPPER.partition("@")[0]
+
+
+def exec_settle_script(nonce: str, user: str, base: str = EXEC_RECORD_BASE) -> str:
+    """Fence a plain exec's record, or report it. Replay-safe; run as the call's user.
+
+    Prints ``fenced`` (the record did not exist and now does, or a replay of that: the command
+    never ran and never will), ``done <nonce> <status>``, ``running`` (claimed, its wrapper
+    alive), ``lost`` (claimed, the wrapper gone without a marker: killed by a signal) or ``gone``
+    (no record can exist here: the directory is not writable).
+    """
+    return _fill(
+        _EXEC_SETTLE,
+        REC=shlex.quote(exec_record_path(nonce, user, base)),
+        NONCE=nonce,
+        DIR=shlex.quote(exec_record_dir(user, base)),
+    )
+
+
+ExecSettle = Literal["fenced", "done", "running", "lost", "gone"]
+
+
+def parse_exec_settle(output: str, *, nonce: str) -> tuple[ExecSettle, int | None]:
+    """``(state, exit status or None)`` of a settle script's reply.
+
+    Raises:
+        SandboxError: a malformed reply, or a marker of another call.
+    """
+    reply = parse_reply(output)
+    if reply.state == "done":
+        if len(reply.fields) != 2:
+            raise SandboxError(f"exec record: malformed done reply {output[:300]!r}")
+        return "done", parse_marker(reply.fields[0], reply.fields[1], nonce=nonce)
+    if reply.state in ("fenced", "running", "lost", "gone") and not reply.fields:
+        return reply.state, None
+    raise SandboxError(f"exec record: unexpected reply {output[:300]!r}")

@@ -37,7 +37,9 @@ class ExecResult(msgspec.Struct, frozen=True, kw_only=True):
         output: stdout and stderr merged in arrival order, decoded as UTF-8 with replacement.
         reason: why it ended, see :data:`ExecReason`.
         duration_sec: wall time from start to the moment the caller learnt the result.
-        output_truncated: ``output`` is a tail of a longer output.
+        output_truncated: ``output`` is not the whole output: a tail of a longer one, or (e2b)
+            a part emitted while a cut stream was re-attached, or read back from the call's end
+            record, was lost (envd does not replay output).
         tag: the detached-execution tag, when the command ran through ``exec_and_wait``.
     """
 

@@ -33,6 +33,7 @@ from ..._errors import (
     SandboxUnreachableError,
     TrioSweError,
 )
+from .. import _launcher
 from .._background import PosArgs, start_in
 from .._bounds import file_time_bound
 from .._types import (
@@ -50,6 +51,8 @@ from ._retry import RetryStats, classify
 
 #: Seconds past ``timeout`` before the client gives up on envd's own deadline kill.
 _DEADLINE_GRACE: Final = 1.0
+#: Times a settle script is asked again when its reply was lost with its stream.
+_SETTLE_TRIES: Final = 8
 DEFAULT_MAX_OUTPUT_BYTES: Final = 1 << 20
 #: Connect codes with which envd refuses a request it understood: not worth a retry.
 _REFUSALS: Final = frozenset(
@@ -94,12 +97,22 @@ class _Output:
 
 
 class _Run:
-    __slots__ = ("end", "pid", "reattached")
+    """One exec call's state across its attempts.
 
-    def __init__(self) -> None:
+    ``nonce`` is set for a recorded call (see :meth:`E2BSandbox._settle`); ``tag`` changes only
+    when a fenced Start is replaced by a new one under a new nonce.
+    """
+
+    __slots__ = ("end", "nonce", "nonces", "pid", "reattached", "tag", "user")
+
+    def __init__(self, tag: str, nonce: str | None, user: str) -> None:
         self.pid: int | None = None
         self.end: _wire.EndEvent | None = None
         self.reattached = False
+        self.tag = tag
+        self.nonce = nonce
+        self.user = user
+        self.nonces: list[str] = []  # every nonce whose record was claimed or fenced
 
 
 class _Deadline(Exception):
@@ -114,6 +127,7 @@ class E2BSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
         retries: envd calls of this sandbox retried after a transient failure.
         reattaches: command streams re-attached (``Connect``) after a cut.
         resets: connection pool resets after protocol errors.
+        settles: plain exec records consulted after envd knew no process by a call's tag.
         killed: ``kill`` ran.
     """
 
@@ -121,6 +135,7 @@ class E2BSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
     retries: int
     reattaches: int
     resets: int
+    settles: int
     killed: bool
 
 
@@ -151,6 +166,9 @@ class E2BSandbox:
         self._execs = 0
         self._reattaches = 0
         self._retries = 0
+        self._settles = 0
+        # Per user: nonces of finished calls whose records a later wrapper removes.
+        self._finished_records: dict[str, list[str]] = {}
 
     @property
     def id(self) -> str:
@@ -219,25 +237,40 @@ class E2BSandbox:
         # already sends nothing.
         await trio.lowlevel.checkpoint_if_cancelled()
         self._execs += 1
-        tag = f"trio-swe-{secrets.token_hex(16)}"
-        start = _wire.StartRequest(
-            process=_wire.ProcessConfig(cmd="/bin/sh", args=["-c", cmd], envs=envs, cwd=cwd),
-            tag=tag,
-            stdin=False,
-        )
+        # A non-idempotent command runs behind a wrapper that records its end (see
+        # ``_settle``); an idempotent one can be started again, so it runs bare.
+        nonce = secrets.token_hex(16)
+        run = _Run(f"trio-swe-{nonce}", None if idempotent else nonce, user)
+
+        def make_start(timeout_ms: int | None) -> _wire.StartRequest:
+            if run.nonce is None:
+                args = ["-c", cmd]
+            else:
+                clean = self._clean_batch(user)
+                args = [
+                    "-c",
+                    _launcher.exec_record_wrapper(run.nonce, user, clean=clean),
+                    "/bin/sh",
+                    cmd,
+                ]
+            return _wire.StartRequest(
+                process=_wire.ProcessConfig(cmd="/bin/sh", args=args, envs=envs, cwd=cwd),
+                tag=run.tag,
+                stdin=False,
+            )
+
         # envd kills the process when Connect-Timeout-Ms elapses: exactly the semantics of
         # ``timeout``. The client-side deadline is the backstop if envd does not answer: it
         # bounds every attempt, retry, re-attach and shielded wait together.
         timeout_ms = None if timeout is None else max(1, math.ceil(timeout * 1000))
         out = _Output(self._max_output)
-        run = _Run()
         t0 = trio.current_time()
         not_after = math.inf if timeout is None else t0 + timeout + _DEADLINE_GRACE
         end: _wire.EndEvent | None = None
         timed_out = False
         envd_deadline = False
         try:
-            end = await self._drive(start, tag, user, timeout_ms, out, run, idempotent, not_after)
+            end = await self._drive(make_start, user, timeout_ms, out, run, idempotent, not_after)
         except _Deadline:
             timed_out = envd_deadline = True
         except BaseException as exc:
@@ -246,8 +279,10 @@ class E2BSandbox:
             # an exception (``_drive`` returns None): it kills after the result is in the
             # caller's hands (below).
             if not isinstance(exc, SandboxError):
-                await self._kill_tag(tag)
+                await self._kill_tag(run.tag)
             raise
+        finally:
+            self._records_done(run)
         elapsed = trio.current_time() - t0
         if end is None and not timed_out:
             timed_out = True  # our backstop fired
@@ -259,9 +294,9 @@ class E2BSandbox:
         ):
             if envd_deadline:
                 # envd answered (and killed it): one quick kill by tag as well, within the grace.
-                await self._kill_tag(tag, bound=max(0.25, not_after - trio.current_time()))
+                await self._kill_tag(run.tag, bound=max(0.25, not_after - trio.current_time()))
             else:
-                self._kill_in_background(tag)
+                self._kill_in_background(run.tag)
             return ExecResult(
                 exit_code=-1,
                 output=out.text(),
@@ -293,8 +328,7 @@ class E2BSandbox:
 
     async def _drive(
         self,
-        start: _wire.StartRequest,
-        tag: str,
+        make_start: Callable[[int | None], _wire.StartRequest],
         user: str,
         timeout_ms: int | None,
         out: _Output,
@@ -311,11 +345,23 @@ class E2BSandbox:
         runs in a cancel scope with it.
         """
         mode = "start"  # "start": send Start; "attach": Connect by tag; "probe": is it there?
+        start = make_start(timeout_ms)
+        tag = run.tag
         probe_is_proof = False
         retry_index = 0  # consecutive failures without progress
         attempts = 0
         history: list[str] = []  # "<mode>:<failure kind>", for the error message
         while True:
+            if run.end is not None:
+                return run.end  # read from the call's record (``_settle``)
+            if run.tag != tag:
+                # The record of the last Start was fenced: it never runs. A new Start under a
+                # new nonce, with what is left of the timeout (envd's kill deadline).
+                tag = run.tag
+                if timeout_ms is not None:
+                    left = not_after - _DEADLINE_GRACE - trio.current_time()
+                    timeout_ms = max(1, math.ceil(left * 1000))
+                start = make_start(timeout_ms)
             self._stats.attempts += 1
             attempts += 1
             progressed = False
@@ -346,6 +392,8 @@ class E2BSandbox:
                             out.add(ev.data.stdout or ev.data.stderr or ev.data.pty or b"")
                         elif ev.start is not None:
                             run.pid = ev.start.pid
+                            if run.nonce is not None and run.nonce not in run.nonces:
+                                run.nonces.append(run.nonce)
                             if mode == "probe":
                                 run.reattached = True
                             mode = "attach"
@@ -403,7 +451,10 @@ class E2BSandbox:
                 raise await self._infra_error(exc, method) from exc
             if exc.code == "deadline_exceeded" and timeout_ms is not None:
                 raise _Deadline() from exc
-            if exc.code == "not_found" and mode in ("probe", "attach"):
+            if exc.code == "not_found" and mode in ("probe", "attach") and run.nonce is not None:
+                # envd knows no process by our tag: the call's record tells what happened.
+                mode = await self._settle(exc, mode, run)
+            elif exc.code == "not_found" and mode in ("probe", "attach"):
                 if mode == "attach":
                     raise await self._infra_error(exc, "re-attach (process lost)") from exc
                 # No process carries our tag: the Start did not run it.
@@ -435,6 +486,8 @@ class E2BSandbox:
                 # A complete error answer means the server is done with that request:
                 # if it then knows no process by our tag, none will appear.
                 probe_is_proof = isinstance(exc, _connect.ConnectError)
+        if run.end is not None:
+            return mode, probe_is_proof, retry_index  # the record had it: no backoff
         if mode != "start":
             self._reattaches += 1
             run.reattached = run.reattached or run.pid is not None
@@ -450,6 +503,66 @@ class E2BSandbox:
         self._retries += 1
         await trio.sleep(policy.delay(failure, retry_index - 1, self._envd.rng))
         return mode, probe_is_proof, retry_index
+
+    async def _settle(self, exc: _connect.ConnectError, mode: str, run: _Run) -> str:
+        """envd knows no process by the call's tag: ask its record (one replay-safe exec).
+
+        Returns the next mode: ``"start"`` under a new nonce and tag when the record was fenced
+        (the earlier Start never runs), ``"attach"`` while the command runs; sets ``run.end``
+        from the done marker when it has ended. Raises when nobody can tell.
+        """
+        assert run.nonce is not None
+        nonce = run.nonce
+        self._settles += 1
+        script = _launcher.exec_settle_script(nonce, run.user)
+        for attempt in range(_SETTLE_TRIES):
+            res = await self.exec(script, user=run.user, cwd="/", timeout=30, idempotent=True)
+            try:
+                state, status = _launcher.parse_exec_settle(res.output, nonce=nonce)
+                break
+            except SandboxError:
+                # The settle's own stream may be cut and its reply lost (flagged truncated):
+                # it is replay-safe, so ask again.
+                if not res.output_truncated or attempt == _SETTLE_TRIES - 1:
+                    raise
+        if state == "fenced":
+            # Not run, and now never will be: a new Start, under a new nonce.
+            new = secrets.token_hex(16)
+            run.nonce, run.tag = new, f"trio-swe-{new}"
+            return "start"
+        if nonce not in run.nonces:
+            run.nonces.append(nonce)  # claimed: its record may be removed once we are done
+        if state == "done":
+            assert status is not None
+            # Its output went with the stream (envd does not replay it): say so.
+            run.reattached = True
+            run.end = _wire.EndEvent(exit_code=status, exited=True, status=f"exit status {status}")
+            return mode
+        if state == "running":
+            run.reattached = True  # output before the (re-)attach is lost
+            return "attach"
+        what = (
+            "ran, but its wrapper was killed before it recorded the exit status"
+            if state == "lost"
+            else "may or may not have run: its record cannot be written"
+        )
+        raise SandboxUnreachableError(
+            f"sandbox {self._id}: the command {what}, and envd knows no process by its tag: {exc}"
+        ) from exc
+
+    def _clean_batch(self, user: str) -> tuple[str, ...]:
+        """Finished calls' records for the next wrapper of ``user`` to remove, once enough."""
+        done = self._finished_records.get(user)
+        if not done or len(done) < _launcher.EXEC_CLEAN_BATCH:
+            return ()
+        batch = tuple(done[: _launcher.EXEC_CLEAN_BATCH])
+        del done[: _launcher.EXEC_CLEAN_BATCH]
+        return batch
+
+    def _records_done(self, run: _Run) -> None:
+        # Only claimed records: a fenced one stays, so a Start that arrives late runs nothing.
+        if run.nonces:
+            self._finished_records.setdefault(run.user, []).extend(run.nonces)
 
     async def _kill_tag(self, tag: str, bound: float = 10.0) -> bool:
         """Best effort SIGKILL of a command by tag; shielded and bounded. True when sent."""
@@ -617,6 +730,7 @@ class E2BSandbox:
             retries=self._retries,
             reattaches=self._reattaches,
             resets=self._envd.resets,
+            settles=self._settles,
             killed=self._killed,
         )
 

@@ -32,7 +32,7 @@ import trio
 
 from ..._errors import SandboxFileNotFoundError, SandboxNotRunningError
 from ...sandbox._background import PosArgs, start_in
-from ...sandbox._launcher import REPLY_PREFIX, RUN_ENV
+from ...sandbox._launcher import REPLY_PREFIX, RUN_ENV, unwrap_exec_record
 from ...sandbox._types import (
     DEFAULT_READ_MAX_BYTES,
     BackendStatistics,
@@ -309,6 +309,9 @@ class SyntheticSandbox:
             else:
                 proc.finish(0, data[: int(argv[2])])
             return proc
+        # A plain exec's end-record wrapper: interpret the command inside (no records here, so
+        # a settle script after a fault is "unsupported", never a made-up answer).
+        argv = unwrap_exec_record(argv)
         if len(argv) != 3 or argv[1] != "-c":
             proc.finish(UNSUPPORTED, f"synthetic sandbox: unsupported argv {argv[:2]}\n".encode())
             return proc
