@@ -66,8 +66,9 @@ async def install_npm_cli(
         package: host path of the ``.tgz`` made by ``npm pack``.
         check_cmd: a shell command that proves the install worked (e.g. ``mycli --version``).
         prefix: npm's global prefix inside the sandbox (its ``bin`` gets the CLI).
-        retries: attempts in all; ``NPM_INSTALL_RETRIES`` (default 3) when None.
-        backoff_sec: base of the backoff; ``NPM_INSTALL_BACKOFF_SEC`` (default 2.0) when None.
+        retries: attempts in all; None: :class:`~trio_swe.config.NpmOptions`'s
+            ``install_retries``, from the environment.
+        backoff_sec: base of the backoff; None: ``NpmOptions``'s ``install_backoff_sec``.
         time_budget_sec: budget of one attempt.
 
     Raises:
