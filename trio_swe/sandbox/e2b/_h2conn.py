@@ -1,4 +1,5 @@
-"""A purpose-built HTTP/2 client for envd's few routes: h2's state machine over trio streams.
+"""A purpose-built HTTP/2 client for envd's few routes: connections and streams over trio, on
+the sans-IO frame layer of :mod:`._h2frames`.
 
 Why not httpx here: per short ``exec`` its client layers, httpcore's pool and the cancel scopes
 of httpcore's trio backend cost more client CPU than the whole HTTP/2 work (see
@@ -6,19 +7,29 @@ of httpcore's trio backend cost more client CPU than the whole HTTP/2 work (see
 it stops reading, nor lets earlier streams finish after a graceful GOAWAY. This module keeps
 the HTTP/2 rules and drops the rest:
 
-* one system task per connection reads frames and wakes the stream's reader (no lock dance);
-* writes coalesce: whoever finds bytes to send writes h2's whole buffer, shielded and bounded
-  (a begun write completes, the guarantee of :class:`~._pool.WholeWrites`);
-* a stream closed before its end sends ``RST_STREAM(CANCEL)``; DATA that still arrives for it is
-  credited back to the connection window (h2 does that for streams it knows closed);
+* :class:`H2Connection`: one system task per connection reads the socket, feeds the bytes to
+  :class:`~._h2frames.ClientConnection` and wakes the streams its calls name (no lock dance);
+* writes go straight to the socket; only what it does not take at once is finished by a system
+  task, in order, bounded by ``WRITE_BOUND_SEC`` of no progress, so a begun write completes
+  whoever is cancelled (the guarantee of :class:`~._pool.WholeWrites`);
+* :class:`H2Stream`: one request and its response; waits take a deadline (no cancel scope per
+  wait), served by one timer task per trio run (:class:`_Timers`); a stream closed before its
+  end sends ``RST_STREAM(CANCEL)`` and its unread DATA is credited back to the connection window;
 * a GOAWAY stops new streams on the connection; streams at or below its last-stream-id run to
   their end, the others fail as never processed (retry-safe);
-* a connection silent for ``ping_interval`` gets a PING; no answer in another interval fails it;
-* request headers are HPACK-encoded without the dynamic table, so each header's bytes are
-  computed once and reused (a sandbox's routing headers repeat on every request).
+* liveness: a connection silent for ``ping_interval`` gets a PING, and one that hears nothing
+  for ``ping_timeout`` after it is failed with all its streams; :meth:`H2Connection.sync` (a
+  PING answered after every frame sent before it) lets a silent stream tell a slow peer from a
+  dead one;
+* request headers are HPACK-encoded without the dynamic table (:class:`StatelessEncoder`), so
+  each header's bytes are computed once and reused (a sandbox's routing headers repeat on every
+  request);
+* the socket is read and written directly (:class:`RawSocketStream`), and TLS runs through
+  ``ssl.SSLObject`` and memory BIOs (:class:`TLSStream`), waiting only when a call would block.
 
-Failures are raised as httpx's exception types (subclasses carrying the h2 event), so the one
-retry table (:mod:`._retry`) classifies both transports alike.
+Failures are raised as httpx's exception types (:class:`H2StreamReset` and
+:class:`H2ConnectionTerminated` carry an h2 event, as httpcore's do), so the one retry table
+(:mod:`._retry`) classifies both transports alike.
 """
 
 from __future__ import annotations
