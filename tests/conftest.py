@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import trio
-from hypothesis import settings
 
 from trio_swe.sandbox import Backend
 from trio_swe.sandbox.local import LocalBackend
@@ -40,9 +39,15 @@ _undo_background_job_signals()
 
 # No hypothesis deadlines: a loaded machine (the suite under `stress-ng --cpu 8`, eight
 # sessions' tests on 2 cores) ran a 200 ms example in 302 ms, a failure that says nothing about
-# the code. Tests that set their own settings keep them; max_examples bounds the work.
-settings.register_profile("trio_swe", deadline=None)
-settings.load_profile("trio_swe")
+# the code. Tests that set their own settings keep them; max_examples bounds the work. (The
+# trainer environments run their one suite without hypothesis.)
+try:
+    from hypothesis import settings
+except ImportError:
+    pass
+else:
+    settings.register_profile("trio_swe", deadline=None)
+    settings.load_profile("trio_swe")
 
 
 @pytest.fixture
