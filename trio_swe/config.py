@@ -21,63 +21,34 @@ the structs in Python checks them the same way (a wrong type or an out-of-range 
 ``ConfigError``, not a ``TypeError`` later), and so does :func:`msgspec.structs.replace`, which is
 how the CLI applies its flags (:func:`replace_option`).
 
-Environment variables (defaults in brackets):
+Each option is documented once, where it is declared: its meaning in the ``Attributes`` of its
+struct; its variable, range and default in the field itself. The rest of the project (docs,
+other modules) names the variable and refers here. The variables, by struct (:data:`ENV_VARS`
+maps each option's dotted path to its variable):
 
-=============================  ======================================================  =========
-variable                       meaning                                                  default
-=============================  ======================================================  =========
-``SWE_BACKEND``                sandbox backend of ``generate()`` and ``trio-swe run``   local
-                               (``local``, ``e2b``, ``docker``, or one registered)
-``SWE_TRAIN_PROTOCOL``         grading protocol of training episodes                    scaleswe
-``SWE_EVAL_PROTOCOL``          grading protocol of evaluation episodes                  scaleswe
-``SWE_AGENT``                  agent name in the registry (``trio_swe.agents``)         bash
-``SWE_AGENT_TIME_BUDGET_SEC``  wall-clock budget of the agent                           1800
-``SWE_EVAL_TIMEOUT_SEC``       budget of the graded test run                            600
-``SWE_SETUP_TIMEOUT_SEC``      budget of the workspace's pre-commands                   600
-``SWE_ROLLOUT_GUARD_SEC``      outer bound of an episode; 0 = agent+setup+eval+headroom  0
-``SWE_GUARD_HEADROOM_SEC``     added to the computed guard (boot, patch, kill)          180
-``SWE_MAX_CONTEXT_TOKENS``     cap of a sample's tokens; 0 = no cap                     0
-``SWE_ILL_FORMED_POLICY``      ill-formed turns: ``mask`` (context, loss 0) or         mask
-                               ``train`` (trained like the others)
-``SWE_REALIGN_MAX_TOKENS``     realign a rewritten last response shorter than this     0
-                               (slime: 1024); 0: a new sample, no sampled token lost
-``SWE_BOOT_CONCURRENCY``       sandboxes booting at once, shared by all episodes        16
-``SWE_BOOT_RETRIES``           boot retries after the first attempt                     2
-``SWE_BOOT_BACKOFF_SEC``       base of the full-jitter exponential boot backoff         1.0
-``SWE_BOOT_BACKOFF_MAX_SEC``   cap of one boot backoff                                  30
-``SWE_POLICY_URL``             base URL (http/https) of the SGLang server               http://127.0.0.1:30000
-``SWE_POLICY_API``             the policy server's API: ``sglang``, ``vllm``             sglang
-                               (``/inference/v1/generate``), ``vllm-completions``
-``SWE_TEMPERATURE``            sampling temperature of every policy call                1.0
-``SWE_TOP_P``                  nucleus sampling's p (1: off)                             1.0
-``SWE_MAX_NEW_TOKENS``         cap of one turn's sampled tokens; 0 = the agent's own     0
-``SWE_SEED``                   the run's base seed (each episode and turn derives its   none
-                               own from it); ``none``: the engine's own randomness
-``SWE_MAX_TURNS``              turn limit of the bash agent                             50
-``SWE_COMMAND_TIMEOUT_SEC``    limit of one bash-agent command                          300
-``SWE_OBSERVATION_MAX_CHARS``  tail of a command's output shown to the policy           4000
-``NPM_INSTALL_RETRIES``        attempts of ``npm install`` of a CLI agent               3
-``NPM_INSTALL_BACKOFF_SEC``    base of the full-jitter exponential npm backoff          2.0
-``SWE_NPM_PACKAGE``            host path of the ``npm-cli`` agent's package tarball     (none)
-``SWE_NPM_START_CMD``          its start command (``{prompt}``, ``{workdir}``, ...)     (none)
-``SWE_NPM_CHECK_CMD``          the command that proves the install worked               true
-``SWE_NPM_PREFIX``             npm's global prefix in the sandbox                       /usr/local
-``SWE_TOKENIZER``              checkpoint folder of the bash agent's tokenizer and      (none:
-                               chat template (tool calls); generate() prefers            byte
-                               slime's ``args.hf_checkpoint``                           tokens)
-``SWE_TOOL_PARSER``            tool-call format: ``hermes``, ``qwen3_coder``, or         auto
-                               ``auto`` (inferred from the chat template)
-``SWE_RAY_WORKERS``            ``generate()``'s episodes run on a shared pool of this     0
-                               many Ray workers, or ``auto`` (one per node); 0: in       (no Ray)
-                               the calling process
-``SWE_RAY_CONCURRENCY``        episodes at once per worker                              16
-``SWE_RAY_ADDRESS``            cluster to join when Ray is not initialised yet          auto
-``SWE_RAY_POOL``               name of the shared pool (its workers are ``NAME-i``)     trio_swe-pool
-``SWE_RAY_NAMESPACE``          Ray namespace of the pool and its limiter                trio_swe
-``SWE_RAY_MAX_BOOTING``        cluster-wide cap on sandboxes booting at once (0: none)  0
-``SWE_RAY_MAX_ALIVE``          cluster-wide cap on sandboxes alive at once (0: none)    0
-``SWE_RAY_DETACHED``           ``1``: the workers outlive the process that started them  0
-=============================  ======================================================  =========
+* :class:`SweConfig`: ``SWE_BACKEND``, ``SWE_TRAIN_PROTOCOL``, ``SWE_EVAL_PROTOCOL``,
+  ``SWE_AGENT``.
+* :class:`EpisodeBudgets`: ``SWE_AGENT_TIME_BUDGET_SEC``, ``SWE_EVAL_TIMEOUT_SEC``,
+  ``SWE_SETUP_TIMEOUT_SEC``, ``SWE_ROLLOUT_GUARD_SEC``, ``SWE_GUARD_HEADROOM_SEC``,
+  ``SWE_MAX_CONTEXT_TOKENS``, ``SWE_ILL_FORMED_POLICY``, ``SWE_REALIGN_MAX_TOKENS``.
+* :class:`BootPolicy`: ``SWE_BOOT_CONCURRENCY``, ``SWE_BOOT_RETRIES``, ``SWE_BOOT_BACKOFF_SEC``,
+  ``SWE_BOOT_BACKOFF_MAX_SEC``.
+* :class:`BashAgentOptions`: ``SWE_POLICY_URL``, ``SWE_MAX_TURNS``, ``SWE_COMMAND_TIMEOUT_SEC``,
+  ``SWE_OBSERVATION_MAX_CHARS``, ``SWE_TOKENIZER``, ``SWE_TOOL_PARSER``.
+* :class:`PolicyOptions`: ``SWE_POLICY_API``, ``SWE_TEMPERATURE``, ``SWE_TOP_P``,
+  ``SWE_MAX_NEW_TOKENS``, ``SWE_SEED``.
+* :class:`NpmOptions`: ``NPM_INSTALL_RETRIES``, ``NPM_INSTALL_BACKOFF_SEC``, ``SWE_NPM_PACKAGE``,
+  ``SWE_NPM_START_CMD``, ``SWE_NPM_CHECK_CMD``, ``SWE_NPM_PREFIX``.
+* :class:`RayOptions`: ``SWE_RAY_WORKERS``, ``SWE_RAY_CONCURRENCY``, ``SWE_RAY_ADDRESS``,
+  ``SWE_RAY_POOL``, ``SWE_RAY_NAMESPACE``, ``SWE_RAY_MAX_BOOTING``, ``SWE_RAY_MAX_ALIVE``,
+  ``SWE_RAY_DETACHED``.
+
+Not options of ``SweConfig`` (each documented where it is read): a backend's own settings
+(``E2B_*``, ``SSL_CERT_FILE``, ``TRIO_SWE_E2B_HTTP_CLIENT``: :class:`~trio_swe.E2BBackend`;
+``DOCKER_HOST``, ``SWE_DOCKER_BASE_IMAGE``: :class:`~trio_swe.DockerBackend`), the CLI agents'
+install cache (``SWE_AGENT_CACHE``, :mod:`trio_swe.agents._install`) and gateway sockets
+(``SWE_GATEWAY_SOCKET_DIR``, :mod:`trio_swe.agents._cli`), and ``trio-swe run --ray``'s connect
+timeout (``SWE_RAY_CONNECT_TIMEOUT_SEC``, :mod:`trio_swe.cli._ray`).
 
 Numbers are decimal ASCII (``1_000``, ``+5`` and non-ASCII digits are refused), finite, and
 within the range each field states. Flags are ``1``/``0`` (or ``true``/``false``). The ``SWE_RAY_*``
@@ -85,7 +56,7 @@ options are plain data here: reading them needs no Ray (``trio-swe[ray]`` is an 
 only running the pool does (:mod:`trio_swe.ray`).
 
 Adding an option: put a field on the struct of its layer, typed with its constraints and its
-variable, and document it in the table above::
+variable, document it in the struct's ``Attributes``, and list its variable above::
 
     class BashAgentOptions(_Options, frozen=True, kw_only=True):
         ...
@@ -179,8 +150,10 @@ class EpisodeBudgets(_Options, frozen=True, kw_only=True):
         eval_timeout_sec: the graded test run's budget.
         setup_timeout_sec: the workspace pre-commands' budget.
         rollout_guard_sec: outer bound of one episode; 0 means :attr:`guard_sec` is computed.
-        guard_headroom_sec: added to the agent, setup and eval budgets for the computed guard.
-        max_context_tokens: cap of a sample's tokens (``0``: no cap).
+        guard_headroom_sec: added to the agent, setup and eval budgets for the computed guard
+            (the time boot, patch and kill take).
+        max_context_tokens: cap of a sample's tokens, and of one turn's prompt + output (the
+            agent's ``task.max_context_tokens``) (``0``: no cap).
         ill_formed_policy: ``mask`` keeps an ill-formed turn's tokens as context (loss 0; a
             sample with no trained token is dropped), ``train`` trains them like any other.
         realign_max_tokens: a turn whose prompt rewrites the tail of the last response (a
@@ -232,13 +205,17 @@ class BashAgentOptions(_Options, frozen=True, kw_only=True):
     """The built-in bash agent and the policy server it calls.
 
     Attributes:
-        policy_url: base URL of the SGLang-compatible server (``http://`` or ``https://``).
+        policy_url: base URL of the policy server (``http://`` or ``https://``); its API is
+            ``policy.api``.
         max_turns: policy calls per run.
         command_timeout_sec: limit of one command.
         observation_max_chars: how much of a command's output the policy is shown.
         tokenizer: checkpoint folder whose tokenizer and chat template the bash agent speaks
-            (``SWE_TOKENIZER``); empty: the byte tokenizer and its text dialect.
-        tool_parser: the checkpoint's tool-call format (``SWE_TOOL_PARSER``), or ``auto``.
+            (its tool-call dialect); empty: the byte tokenizer and its text dialect. A path that
+            is not a directory is a ``ConfigError``; slime's ``generate()`` prefers
+            ``args.hf_checkpoint``.
+        tool_parser: the checkpoint's tool-call format (``hermes``, ``qwen3_coder``, or one
+            registered), or ``auto``: inferred from the chat template.
     """
 
     policy_url: Annotated[Url, env("SWE_POLICY_URL")] = "http://127.0.0.1:30000"
@@ -265,7 +242,7 @@ class BashAgentOptions(_Options, frozen=True, kw_only=True):
 
 class PolicyOptions(_Options, frozen=True, kw_only=True):
     """The policy server's API and the sampling options of every call (the URL is
-    ``bash.policy_url``, ``SWE_POLICY_URL``).
+    ``bash.policy_url``).
 
     Attributes:
         api: ``sglang`` (``/generate``), ``vllm`` (``/inference/v1/generate``) or
@@ -273,7 +250,8 @@ class PolicyOptions(_Options, frozen=True, kw_only=True):
         temperature: sampling temperature.
         top_p: nucleus sampling's p (1: off).
         max_new_tokens: cap of one turn's sampled tokens; 0 leaves it to the agent.
-        seed: the run's base seed; None leaves sampling to the engine's own randomness.
+        seed: the run's base seed (each episode and turn derives its own from it); None (the
+            variable's ``none``) leaves sampling to the engine's own randomness.
     """
 
     api: Annotated[Name, env("SWE_POLICY_API")] = "sglang"
@@ -307,10 +285,12 @@ class NpmOptions(_Options, frozen=True, kw_only=True):
     """CLI agents shipped as npm packages (the ``npm-cli`` agent and :func:`install_npm_cli`).
 
     Attributes:
-        install_retries: attempts of ``npm install``.
-        install_backoff_sec: base of the full-jitter exponential backoff between attempts.
+        install_retries: attempts of ``npm install`` (of every CLI agent's install).
+        install_backoff_sec: base of the full-jitter exponential backoff between attempts
+            (each wait at most :data:`NPM_BACKOFF_MAX_SEC`).
         package: host path of the package tarball (``npm pack``); ``npm-cli`` needs it.
-        start_cmd: the CLI's start command template; ``npm-cli`` needs it.
+        start_cmd: the CLI's start command template (``{prompt}``, ``{workdir}``,
+            ``{session_id}``: see :class:`~trio_swe.agents.NpmCliAgent`); ``npm-cli`` needs it.
         check_cmd: a command that proves the install worked.
         prefix: npm's global prefix inside the sandbox.
     """
@@ -329,8 +309,9 @@ class RayOptions(_Options, frozen=True, kw_only=True):
     Plain data: :func:`trio_swe.ray.shared_pool` runs the pool (and needs ``trio-swe[ray]``).
 
     Attributes:
-        workers: workers in the pool; ``None`` (``SWE_RAY_WORKERS=auto``): one per node;
-            ``0``: no Ray, episodes run in the calling process (see :attr:`enabled`).
+        workers: workers in the pool of slime's ``generate()``; ``None`` (the variable's
+            ``auto``): one per node; ``0`` (or unset): no Ray, episodes run in the calling
+            process (see :attr:`enabled`).
         concurrency: episodes at once per worker.
         address: the cluster to join when Ray is not initialised yet.
         pool: name of the shared pool (its workers are ``NAME-i``).
@@ -371,10 +352,11 @@ class SweConfig(_Options, frozen=True, kw_only=True):
     """Configuration of episodes and rollouts (see the module docstring for the variables).
 
     Attributes:
-        backend: sandbox backend of ``generate()`` and ``trio-swe run`` (``SWE_BACKEND``).
-        train_protocol: grading protocol of training episodes (``SWE_TRAIN_PROTOCOL``).
-        eval_protocol: grading protocol of evaluation episodes (``SWE_EVAL_PROTOCOL``).
-        agent: the agent's name in the registry (``SWE_AGENT``).
+        backend: sandbox backend of ``generate()`` and ``trio-swe run``: ``local``, ``e2b``,
+            ``docker``, or one registered (:func:`~trio_swe.sandbox.register_backend`).
+        train_protocol: grading protocol of training episodes.
+        eval_protocol: grading protocol of evaluation episodes.
+        agent: the agent's name in the registry (:mod:`trio_swe.agents`).
         episode: the episode's budgets, :class:`EpisodeBudgets`.
         boot: how sandboxes boot, :class:`BootPolicy`.
         bash: the bash agent and its policy server, :class:`BashAgentOptions`.

@@ -26,9 +26,9 @@ from trio_swe.sandbox.e2b._h2conn import (
     H2Connection,
     H2ConnectionTerminated,
     H2StreamReset,
-    RawSocketStream,
-    _readable,
 )
+from trio_swe.sandbox.e2b._h2io import RawSocketStream
+from trio_swe.sandbox.e2b._h2io import readable as _readable
 from trio_swe.sandbox.e2b._retry import STREAM_ID_ATTR, StreamSilent, classify
 
 
@@ -530,7 +530,7 @@ async def test_tls_stream_reads_a_close_notify_while_the_transport_stays_open() 
 
     import trustme
 
-    from trio_swe.sandbox.e2b._h2conn import TLSStream
+    from trio_swe.sandbox.e2b._h2io import TLSStream
 
     ca = trustme.CA()
     cert = ca.issue_cert("envd.test")

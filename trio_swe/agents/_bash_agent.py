@@ -22,16 +22,27 @@ import re
 import shlex
 import time
 from array import array
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from .._errors import InvalidArgumentError, PromptTooLongError
 from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory, ToolCall
-from ..policy import Policy, PolicyError, PolicyOutput, Tokenizer, vocabulary_size
+from ..policy import (
+    ByteTokenizer,
+    Policy,
+    PolicyError,
+    PolicyOutput,
+    Tokenizer,
+    open_policy,
+    vocabulary_size,
+)
 from ..sandbox import Sandbox, check_command
 from ..trajectory import TurnRecord, TurnRecorder
 from ._types import AgentFinish, AgentOutcome, AgentTask, BaseAgent
+
+if TYPE_CHECKING:
+    from ..config import SweConfig
 
 __all__ = ["DEFAULT_MAX_PROMPT_TOKENS", "BashAgent", "PromptTooLongError", "render_first_prompt"]
 
@@ -239,6 +250,38 @@ class BashAgent(BaseAgent):
         self.sampling_params = {**_DEFAULT_SAMPLING, **(sampling_params or {})}
         self.user = user
         self.max_prompt_tokens = max_prompt_tokens
+
+    @classmethod
+    def from_config(cls, config: SweConfig, policy: Policy | None = None) -> BashAgent:
+        """The bash agent ``config`` describes (``config.bash``, ``config.policy``).
+
+        It speaks the checkpoint at ``config.bash.tokenizer`` (its chat template and tool
+        calls, checked against the agent's tools here, before any episode), else the byte
+        tokenizer. It calls ``policy`` (yours: not closed by the agent), or, when None, the
+        policy server at ``config.bash.policy_url``, a client the agent owns.
+        """
+        tokenizer: Tokenizer | ChatModel
+        if config.bash.tokenizer:
+            # Loaded once per process (a second or so the first time).
+            tokenizer = ChatModel.from_checkpoint(
+                config.bash.tokenizer, tools=cls.TOOLS, tool_parser=config.bash.tool_parser
+            )
+        else:
+            tokenizer = ByteTokenizer()
+        owns = policy is None
+        if policy is None:
+            policy = open_policy(
+                config.policy.api, config.bash.policy_url, vocab_size=vocabulary_size(tokenizer)
+            )
+        return cls(
+            policy,
+            tokenizer,
+            sampling_params=config.policy.sampling_params(),
+            max_turns=config.bash.max_turns,
+            command_timeout_sec=config.bash.command_timeout_sec,
+            observation_max_chars=config.bash.observation_max_chars,
+            owns_policy=owns,
+        )
 
     async def aclose(self) -> None:
         """Close the policy if this agent owns it (see ``owns_policy``)."""

@@ -20,7 +20,6 @@ import trio
 from .._errors import AgentInstallError, ConfigError, InvalidArgumentError
 from .._retry import Backoff, retry
 from ..config import NPM_BACKOFF_MAX_SEC, SweConfig
-from ..models import ChatModel
 from ..sandbox import ExecResult, Sandbox
 from ..sandbox._detached import exec_and_wait
 from ._registry import register_agent
@@ -66,8 +65,9 @@ async def install_npm_cli(
         package: host path of the ``.tgz`` made by ``npm pack``.
         check_cmd: a shell command that proves the install worked (e.g. ``mycli --version``).
         prefix: npm's global prefix inside the sandbox (its ``bin`` gets the CLI).
-        retries: attempts in all; ``NPM_INSTALL_RETRIES`` (default 3) when None.
-        backoff_sec: base of the backoff; ``NPM_INSTALL_BACKOFF_SEC`` (default 2.0) when None.
+        retries: attempts in all; None: :class:`~trio_swe.config.NpmOptions`'s
+            ``install_retries``, from the environment.
+        backoff_sec: base of the backoff; None: ``NpmOptions``'s ``install_backoff_sec``.
         time_budget_sec: budget of one attempt.
 
     Raises:
@@ -220,29 +220,9 @@ class NpmCliAgent(BaseAgent):
 
 
 def _bash_factory(config: SweConfig) -> Agent:
-    from ..policy import ByteTokenizer, Tokenizer, open_policy, vocabulary_size
     from ._bash_agent import BashAgent
 
-    tokenizer: Tokenizer | ChatModel
-    if config.bash.tokenizer:
-        # Loaded once per process (a second or so the first time); the template is checked
-        # against the agent's tools here, before any episode.
-        tokenizer = ChatModel.from_checkpoint(
-            config.bash.tokenizer, tools=BashAgent.TOOLS, tool_parser=config.bash.tool_parser
-        )
-    else:
-        tokenizer = ByteTokenizer()
-    return BashAgent(
-        open_policy(
-            config.policy.api, config.bash.policy_url, vocab_size=vocabulary_size(tokenizer)
-        ),
-        tokenizer,
-        sampling_params=config.policy.sampling_params(),
-        max_turns=config.bash.max_turns,
-        command_timeout_sec=config.bash.command_timeout_sec,
-        observation_max_chars=config.bash.observation_max_chars,
-        owns_policy=True,
-    )
+    return BashAgent.from_config(config)
 
 
 def _npm_cli_factory(config: SweConfig) -> Agent:

@@ -5,7 +5,8 @@ PyPI for mini-swe-agent) installed into its own prefix directory
 ``<cache>/<name>-<version>``: ``npm install --prefix`` or a virtualenv. The install goes into a
 staging directory renamed into place only once the agent's ``--version`` check passed, under a
 file lock, so concurrent processes install it once and a half-done install is never used. It
-is retried ``NPM_INSTALL_RETRIES`` times with ``NPM_INSTALL_BACKOFF_SEC * attempt`` between.
+is retried as :class:`~trio_swe.config.NpmOptions` says (``install_retries`` attempts, full-jitter
+backoff of base ``install_backoff_sec``).
 
 The cache is ``SWE_AGENT_CACHE``, else ``/var/cache/trio-swe/agents`` when writable, else
 ``~/.cache/trio-swe/agents``. Local sandboxes see the host's file system read-only, so a cache

@@ -24,6 +24,7 @@ from ._common import (
     positive_int,
     ref_of_id,
     sse,
+    stream_events,
     text_of,
 )
 
@@ -309,13 +310,7 @@ class ReplyStream:
 
 def reply_events(reply: Reply) -> Iterator[bytes]:
     """The SSE events of a streamed reply, ``message_start`` to ``message_stop``."""
-    stream = ReplyStream(reply.ref, reply.model, reply.input_tokens)
-    yield stream.head()
-    if reply.reasoning is not None:
-        yield stream.reasoning(reply.reasoning)
-    if reply.text or not reply.tool_calls:
-        yield stream.text(reply.text)
-    yield stream.tail(reply)
+    return stream_events(ReplyStream(reply.ref, reply.model, reply.input_tokens), reply)
 
 
 def count_tokens_body(input_tokens: int) -> dict[str, Any]:

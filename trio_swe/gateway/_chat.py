@@ -25,6 +25,7 @@ from ._common import (
     positive_int,
     ref_of_id,
     sse,
+    stream_events,
     text_of,
 )
 
@@ -257,12 +258,8 @@ class ReplyStream:
 def reply_chunks(reply: Reply, *, include_usage: bool) -> Iterator[bytes]:
     """The SSE chunks of a streamed reply, ending with ``data: [DONE]``."""
     stream = ReplyStream(reply.ref, reply.model, reply.input_tokens, include_usage=include_usage)
-    yield stream.head()
-    if reply.reasoning:
-        yield stream.reasoning(reply.reasoning)
-    if reply.text:
-        yield stream.text(reply.text)
-    yield stream.tail(reply)
+    # Empty reasoning or text gives no chunk (b""), so the stream is as OpenAI's.
+    return stream_events(stream, reply)
 
 
 def models_body(names: list[str]) -> dict[str, Any]:

@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 import re
 import secrets
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any, Literal, Protocol
 
 import msgspec
 
@@ -313,3 +314,26 @@ def sse(event: str | None, data: Any) -> bytes:
     payload = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
     head = f"event: {event}\n" if event else ""
     return f"{head}data: {payload}\n\n".encode()
+
+
+class ReplyStreamLike(Protocol):
+    """What each API's ``ReplyStream`` gives: the events of one reply, part by part."""
+
+    def head(self) -> bytes: ...
+
+    def reasoning(self, text: str) -> bytes: ...
+
+    def text(self, text: str) -> bytes: ...
+
+    def tail(self, reply: Reply) -> bytes: ...
+
+
+def stream_events(stream: ReplyStreamLike, reply: Reply) -> Iterator[bytes]:
+    """The events of a streamed reply in ``stream``'s API: head, reasoning (if any), text (a
+    reply without tool calls has a text part, even empty), then the tool calls and the end."""
+    yield stream.head()
+    if reply.reasoning is not None:
+        yield stream.reasoning(reply.reasoning)
+    if reply.text or not reply.tool_calls:
+        yield stream.text(reply.text)
+    yield stream.tail(reply)

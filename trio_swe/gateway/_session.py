@@ -566,13 +566,7 @@ class Session:
         turn = _turn_of(
             recorder, ids, len(ids), log_probs=None, finish_reason="length", ill_formed=False
         )
-        chain = self._chain_for(pending, recorder)
-        chain.turns.append(turn)
-        self._order.append((chain.index, len(chain.turns) - 1))
-        if chain.side:
-            self._stats["side_turns"] += 1
-        else:
-            self._stats["turns"] += 1
+        self._append_turn(self._chain_for(pending, recorder), turn)
         # The chain's history is left as it was: the client will not continue from here.
 
     def abandon(self, pending: Pending) -> None:
@@ -627,6 +621,10 @@ class Session:
         chain.transcript = [*pending.transcript, ours]
         # Keep the history's messages aligned with the transcript (one per message).
         chain.boundaries.append(len(chain.transcript))
+        self._append_turn(chain, turn)
+
+    def _append_turn(self, chain: _Chain, turn: TurnRecord) -> None:
+        """Put ``turn`` at the end of ``chain`` and of the session's order, and count it."""
         chain.turns.append(turn)
         self._order.append((chain.index, len(chain.turns) - 1))
         if chain.side:

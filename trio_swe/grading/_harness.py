@@ -15,10 +15,17 @@ Layout (as ``python -m swebench.harness.run_evaluation`` writes it, relative to 
 for a graded test log, so the run report counts the rest (patch not applied, timeouts,
 infrastructure) as errors, as the harness does; empty patches are ``empty_patch`` instances.
 
+What is here: :class:`HarnessOutputs`, which writes those files; :func:`run_report`, the run
+report as swebench's ``make_run_report`` counts it; and :func:`tests_status_report`, the
+per-instance report in ``get_eval_report``'s format for graders other than swebench's (the
+``scaleswe`` protocol puts it in its artifacts).
+
 Nothing here runs a grading: a protocol's ``grade`` returns what it graded (an
 :class:`~trio_swe.grading.Graded`: the result and its :class:`~trio_swe.grading.EvalArtifacts`),
-and whoever consumes it (``trio-swe grade``, ``trio-swe run --harness-dir``) hands it to
-:meth:`HarnessOutputs.record`.
+and whoever consumes it hands the result and the artifacts to :meth:`HarnessOutputs.record`:
+``trio-swe grade`` (:func:`~trio_swe.grading.predictions.grade_predictions`) and
+``trio-swe run --harness-dir`` (:func:`trio_swe.results.harness_record`, from each episode's
+``eval_result`` and ``eval_artifacts``).
 """
 
 from __future__ import annotations

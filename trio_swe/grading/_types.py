@@ -1,6 +1,14 @@
-"""Instance metadata (msgspec Structs): ``InstanceMetadata`` and each protocol's grading fields
-(``ScaleSweGrading``, ``SweBenchGrading``, ``SweProSpec``). Evaluation results are in
-``_result.py``."""
+"""What one instance is, whatever its row looked like (msgspec Structs, sans-IO).
+
+:class:`InstanceMetadata` (image, workdir, problem statement, the protocol it was read for) holds
+its protocol's grading fields: :class:`ScaleSweGrading` (with :class:`SweProSpec` for SWE-bench
+Pro rows) or :class:`SweBenchGrading`. Besides the data, the few answers read off it: which
+``scaleswe`` grader runs (:attr:`ScaleSweGrading.grader`), the dict swebench's
+``make_test_spec`` takes (:meth:`SweBenchGrading.instance`) and the script that puts the agent's
+workspace in its graded state (:meth:`InstanceMetadata.setup_script`).
+
+Rows are read into these by ``_metadata.py``; evaluation results are in ``_result.py``.
+"""
 
 from __future__ import annotations
 

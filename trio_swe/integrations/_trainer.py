@@ -21,8 +21,8 @@ from ..agents import Agent, BashAgent, CliAgent, create_agent
 from ..config import SweConfig
 from ..episode import EpisodeResult, run_episode
 from ..grading import InstanceMetadata
-from ..models import ChatModel, load_tokenizer
-from ..policy import ByteTokenizer, PolicyOutput, PolicyStatistics, Tokenizer
+from ..models import load_tokenizer
+from ..policy import PolicyOutput, PolicyStatistics
 from ..sandbox import Backend, create_backend
 
 __all__ = [
@@ -184,21 +184,7 @@ def build_agent(config: SweConfig, policy: Any) -> Agent:
     """
     name = config.agent
     if name == "bash":
-        tokenizer: Tokenizer | ChatModel
-        if config.bash.tokenizer:
-            tokenizer = ChatModel.from_checkpoint(
-                config.bash.tokenizer, tools=BashAgent.TOOLS, tool_parser=config.bash.tool_parser
-            )
-        else:
-            tokenizer = ByteTokenizer()
-        return BashAgent(
-            policy,
-            tokenizer,
-            sampling_params=config.policy.sampling_params(),
-            max_turns=config.bash.max_turns,
-            command_timeout_sec=config.bash.command_timeout_sec,
-            observation_max_chars=config.bash.observation_max_chars,
-        )
+        return BashAgent.from_config(config, policy)
     if name in ("claude-code", "codex", "qwen-code", "opencode", "mini-swe-agent"):
         if not config.bash.tokenizer:
             raise ConfigError(

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import posixpath
-import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from collections.abc import Callable, Mapping
+from typing import Final
 
 import trio
 
@@ -18,10 +17,10 @@ from ..._errors import (
     SandboxNotAFileError,
     SandboxPermissionError,
 )
-from .._background import PosArgs, start_in
+from .._base import RunSandboxBase
 from .._bounds import file_time_bound
-from .._types import DEFAULT_FILE_TIMEOUT_SEC, DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
-from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
+from .._types import DEFAULT_FILE_TIMEOUT_SEC, DEFAULT_READ_MAX_BYTES, SandboxStatistics
+from .._validate import check_abs_path, check_env, check_read_args, check_user
 from .._writes import WRITE_SCRIPT, write_args, write_error
 from ._engine import Engine, EngineError
 from ._wire import env_list, file_archive, first_member, resolve_link, staged_archive
@@ -66,7 +65,7 @@ class DockerSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
     kill_sec: float | None = None
 
 
-class DockerSandbox:
+class DockerSandbox(RunSandboxBase):
     """A running container. Create it with ``open_sandbox(DockerBackend(), image)``."""
 
     def __init__(
@@ -81,43 +80,25 @@ class DockerSandbox:
         boot_sec: float,
         on_close: Callable[[DockerSandbox], None] | None = None,
     ) -> None:
+        super().__init__(
+            sandbox_id=container_id,
+            workdir=workdir,
+            nursery=nursery,
+            boot_sec=boot_sec,
+            on_close=on_close,
+            exec_kills=0,
+        )
         self._engine = engine
-        self._cid = container_id
         self.name = name
-        self._workdir = workdir
-        self._nursery = nursery
         self._env = dict(env)
-        self._on_close = on_close
-        self._killed = False
         self._ids: dict[str, tuple[int, int]] = {"root": (0, 0)}
-        self._stats: dict[str, Any] = {
-            "boot_sec": boot_sec,
-            "execs": 0,
-            "exec_timeouts": 0,
-            "exec_kills": 0,
-            "files_written": 0,
-            "files_read": 0,
-        }
-
-    @property
-    def id(self) -> str:
-        return self._cid
-
-    @property
-    def workdir(self) -> str:
-        return self._workdir
-
-    def start_background(
-        self, async_fn: Callable[[*PosArgs], Awaitable[object]], *args: *PosArgs
-    ) -> None:
-        start_in(self._nursery, self.id, async_fn, *args)
 
     def statistics(self) -> DockerSandboxStatistics:
-        return DockerSandboxStatistics(**self._stats)
+        return DockerSandboxStatistics(**self._counts)
 
     def record_boot(self, seconds: float) -> None:
         """Set the boot time (create + start + tree copy), measured by the backend."""
-        self._stats["boot_sec"] = seconds
+        self._counts["boot_sec"] = seconds
 
     # -- processes ----------------------------------------------------------------------------
     async def _start(
@@ -138,7 +119,7 @@ class DockerSandbox:
             "WorkingDir": workdir,
             "User": user or "",
         }
-        return await self._engine.exec_create(self._cid, body), mark
+        return await self._engine.exec_create(self._id, body), mark
 
     async def _run(
         self,
@@ -180,10 +161,10 @@ class DockerSandbox:
             raise SandboxError(f"exec {argv[:3]}: the daemon reported no exit code")
         # The runtime's refusals, before the command ran: its exit status and its one line.
         if isinstance(code, int) and code == 126 and b"unable to find user" in bytes(merged):
-            raise InvalidArgumentError(f"unknown user {user!r} in container {self._cid[:12]}")
+            raise InvalidArgumentError(f"unknown user {user!r} in container {self._id[:12]}")
         if isinstance(code, int) and code == 126 and b"chdir to cwd" in bytes(merged):
             raise InvalidArgumentError(
-                f"cwd {cwd!r} is not a directory the user can enter in container {self._cid[:12]}"
+                f"cwd {cwd!r} is not a directory the user can enter in container {self._id[:12]}"
             )
         if code == 1 and bytes(merged) == f"exec {argv[0]}: argument list too long\n".encode():
             raise InvalidArgumentError(
@@ -194,7 +175,7 @@ class DockerSandbox:
 
     async def _kill_marked(self, mark: str) -> None:
         """Kill what one exec started (shielded, bounded): the exec API has no kill call."""
-        self._stats["exec_kills"] += 1
+        self._counts["exec_kills"] += 1
         with trio.CancelScope(shield=True) as scope:
             scope.deadline = trio.current_time() + _KILL_SEC
             try:
@@ -205,36 +186,6 @@ class DockerSandbox:
             except SandboxError:
                 pass  # the container is gone or going: its processes went with it
 
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        user: str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = 60.0,
-        idempotent: bool = False,
-    ) -> ExecResult:
-        """Run ``cmd`` with ``/bin/sh -c``; see :meth:`trio_swe.Sandbox.exec`."""
-        check_command(cmd)
-        del idempotent  # a unix socket does not drop replies: nothing to retry
-        self._stats["execs"] += 1
-        start = trio.current_time()
-        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
-            status, out, _, truncated = await self._run(
-                ["/bin/sh", "-c", cmd], user=user, env=env, cwd=cwd
-            )
-        duration = trio.current_time() - start
-        if scope.cancelled_caught:
-            self._stats["exec_timeouts"] += 1
-            return ExecResult(exit_code=-1, reason="timeout", duration_sec=duration)
-        return ExecResult(
-            exit_code=status,
-            output=out.decode("utf-8", errors="replace"),
-            duration_sec=duration,
-            output_truncated=truncated,
-        )
-
     # -- files --------------------------------------------------------------------------------
     async def _ids_of(self, user: str) -> tuple[int, int]:
         if user not in self._ids:
@@ -244,7 +195,7 @@ class DockerSandbox:
             )
             nums = out.split()
             if status != 0 or len(nums) != 2 or not all(n.isascii() and n.isdigit() for n in nums):
-                raise InvalidArgumentError(f"unknown user {user!r} in container {self._cid[:12]}")
+                raise InvalidArgumentError(f"unknown user {user!r} in container {self._id[:12]}")
             self._ids[user] = (int(nums[0]), int(nums[1]))
         return self._ids[user]
 
@@ -279,7 +230,7 @@ class DockerSandbox:
         uid, gid = await self._ids_of(user or "root")
         if uid != 0:
             await self._write_as(path, payload, user, uid, gid, mode)
-            self._stats["files_written"] += 1
+            self._counts["files_written"] += 1
             return
         parent, name = posixpath.split(posixpath.normpath(path))
         tar = file_archive(name, payload, mode=0o644 if mode is None else mode, uid=uid, gid=gid)
@@ -300,7 +251,7 @@ class DockerSandbox:
             )
             if status != 0:
                 raise SandboxError(f"write_file {path!r}: cannot create {parent}: {out!r}")
-        self._stats["files_written"] += 1
+        self._counts["files_written"] += 1
 
     async def _put_archive(self, directory: str, tar: bytes, path: str) -> None:
         """Extract ``tar`` at ``directory`` with the daemon's rights (for ``write_file path``).
@@ -310,7 +261,7 @@ class DockerSandbox:
         """
         await self._engine.request(
             "PUT",
-            f"/containers/{self._cid}/archive",
+            f"/containers/{self._id}/archive",
             params={"path": directory, "noOverwriteDirNonDir": "true"},
             content=tar,
             headers={"content-type": "application/x-tar"},
@@ -371,12 +322,10 @@ class DockerSandbox:
     async def _read_file(self, path: str, user: str | None, max_bytes: int | None) -> bytes:
         asked = path
         for _hop in range(40):
-            async with self._engine.get_archive(self._cid, path) as response:
+            async with self._engine.get_archive(self._id, path) as response:
                 body = await response.aread()
             if response.status_code == 404:
-                raise SandboxFileNotFoundError(
-                    f"{path}: no such file in container {self._cid[:12]}"
-                )
+                raise SandboxFileNotFoundError(f"{path}: no such file in container {self._id[:12]}")
             if response.status_code != 200:
                 raise SandboxError(
                     f"read_file {path!r} failed ({response.status_code}): {body[:300]!r}"
@@ -386,7 +335,7 @@ class DockerSandbox:
                 if max_bytes is not None and len(member.data) > max_bytes:
                     raise SandboxFileTooLargeError(path, max_bytes, len(member.data))
                 await self._check_readable(asked, user)
-                self._stats["files_read"] += 1
+                self._counts["files_read"] += 1
                 return member.data
             if member.kind != "symlink":
                 raise SandboxNotAFileError(
@@ -408,19 +357,9 @@ class DockerSandbox:
             raise SandboxPermissionError(f"read_file {path!r}: not permitted for user {user}")
 
     # -- lifecycle ----------------------------------------------------------------------------
-    async def kill(self) -> None:
-        """Force-remove the container (and every process in it). Idempotent."""
-        if self._killed:
-            return
-        self._killed = True
-        t0 = time.monotonic()
-        with trio.CancelScope(shield=True):
-            try:
-                await remove_container(self._engine, self._cid)
-            finally:
-                self._stats["kill_sec"] = time.monotonic() - t0
-                if self._on_close is not None:
-                    self._on_close(self)
+    async def _destroy(self) -> None:
+        """Force-remove the container (and every process in it), for :meth:`kill`."""
+        await remove_container(self._engine, self._id)
 
 
 async def remove_container(engine: Engine, name_or_id: str) -> None:

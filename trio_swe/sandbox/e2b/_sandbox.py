@@ -16,7 +16,7 @@ import math
 import secrets
 import shlex
 import signal as _signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -34,7 +34,7 @@ from ..._errors import (
     TrioSweError,
 )
 from .. import _launcher
-from .._background import PosArgs, start_in
+from .._base import SandboxBase
 from .._bounds import file_time_bound
 from .._types import (
     DEFAULT_FILE_TIMEOUT_SEC,
@@ -139,7 +139,7 @@ class E2BSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
     killed: bool
 
 
-class E2BSandbox:
+class E2BSandbox(SandboxBase):
     """One E2B sandbox. Get it from ``open_sandbox(E2BBackend(...), template)``."""
 
     def __init__(
@@ -154,34 +154,23 @@ class E2BSandbox:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         on_killed: Any = None,
     ) -> None:
-        self._id = sandbox_id
+        super().__init__(
+            sandbox_id=sandbox_id,
+            workdir=spec.workdir,
+            nursery=nursery,
+            reattaches=0,
+            retries=0,
+            settles=0,
+        )
         self._spec = spec
-        self._nursery = nursery
         self._envd = envd
         self._rest = rest
         self._stats = stats
         self._max_output = max_output_bytes
         self._on_killed = on_killed
         self._killed = False
-        self._execs = 0
-        self._reattaches = 0
-        self._retries = 0
-        self._settles = 0
         # Per user: nonces of finished calls whose records a later wrapper removes.
         self._finished_records: dict[str, list[str]] = {}
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def workdir(self) -> str:
-        return self._spec.workdir
-
-    def start_background(
-        self, async_fn: Callable[[*PosArgs], Awaitable[object]], *args: *PosArgs
-    ) -> None:
-        start_in(self._nursery, self.id, async_fn, *args)
 
     def _check_alive(self) -> None:
         if self._killed:
@@ -236,7 +225,7 @@ class E2BSandbox:
         # The Start goes out without waiting (no checkpoint before it): a caller cancelled
         # already sends nothing.
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._execs += 1
+        self._counts["execs"] += 1
         # A non-idempotent command runs behind a wrapper that records its end (see
         # ``_settle``); an idempotent one can be started again, so it runs bare.
         nonce = secrets.token_hex(16)
@@ -489,7 +478,7 @@ class E2BSandbox:
         if run.end is not None:
             return mode, probe_is_proof, retry_index  # the record had it: no backoff
         if mode != "start":
-            self._reattaches += 1
+            self._counts["reattaches"] += 1
             run.reattached = run.reattached or run.pid is not None
         # A stream that delivered events made progress: a long command may be re-attached
         # many times, only consecutive fruitless attempts count (and an overall cap).
@@ -500,7 +489,7 @@ class E2BSandbox:
                 exc, f"{method} after {attempts} attempts ({', '.join(history[-12:])})"
             )
         self._stats.retries += 1
-        self._retries += 1
+        self._counts["retries"] += 1
         await trio.sleep(policy.delay(failure, retry_index - 1, self._envd.rng))
         return mode, probe_is_proof, retry_index
 
@@ -513,7 +502,7 @@ class E2BSandbox:
         """
         assert run.nonce is not None
         nonce = run.nonce
-        self._settles += 1
+        self._counts["settles"] += 1
         script = _launcher.exec_settle_script(nonce, run.user)
         for attempt in range(_SETTLE_TRIES):
             res = await self.exec(script, user=run.user, cwd="/", timeout=30, idempotent=True)
@@ -577,8 +566,8 @@ class E2BSandbox:
     def _kill_in_background(self, tag: str) -> None:
         """Kill by tag after the caller has its result (in the sandbox's nursery)."""
         try:
-            self._nursery.start_soon(self._kill_tag, tag)
-        except RuntimeError:
+            self.start_background(self._kill_tag, tag)
+        except SandboxNotRunningError:
             pass  # the sandbox is closing: killing it ends the command too
 
     # --- files ---------------------------------------------------------------------------
@@ -725,13 +714,7 @@ class E2BSandbox:
 
     def statistics(self) -> E2BSandboxStatistics:
         return E2BSandboxStatistics(
-            execs=self._execs,
-            rpcs=self._envd.rpcs,
-            retries=self._retries,
-            reattaches=self._reattaches,
-            resets=self._envd.resets,
-            settles=self._settles,
-            killed=self._killed,
+            **self._counts, rpcs=self._envd.rpcs, resets=self._envd.resets, killed=self._killed
         )
 
 

@@ -6,8 +6,7 @@ import logging
 import os
 import shutil
 import signal
-import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -22,10 +21,10 @@ from ..._errors import (
     SandboxNotRunningError,
     SandboxPermissionError,
 )
-from .._background import PosArgs, start_in
+from .._base import RunSandboxBase
 from .._bounds import file_time_bound
-from .._types import DEFAULT_FILE_TIMEOUT_SEC, DEFAULT_READ_MAX_BYTES, ExecResult, SandboxStatistics
-from .._validate import check_abs_path, check_command, check_env, check_read_args, check_user
+from .._types import DEFAULT_FILE_TIMEOUT_SEC, DEFAULT_READ_MAX_BYTES, SandboxStatistics
+from .._validate import check_abs_path, check_env, check_read_args, check_user
 from .._writes import DENIED_STATUS, NOT_A_FILE_STATUS, WRITE_SCRIPT, write_args, write_error
 from ._process import LocalProcess, nsenter_argv, start_local_process
 from ._reap import children_of, comm_of, parent_of, reap_adopted_zombies, reap_pidfd
@@ -74,7 +73,7 @@ def _is_dir(path: str) -> bool:
     return os.path.isdir(path)
 
 
-class LocalSandbox:
+class LocalSandbox(RunSandboxBase):
     """A running local sandbox. Create it with ``open_sandbox(LocalBackend(), image)``."""
 
     def __init__(
@@ -95,9 +94,15 @@ class LocalSandbox:
         on_close: Any = None,
         trash: Trash | None = None,
     ) -> None:
-        self._id = sandbox_id
-        self._workdir = workdir
-        self._nursery = nursery
+        super().__init__(
+            sandbox_id=sandbox_id,
+            workdir=workdir,
+            nursery=nursery,
+            boot_sec=boot_sec,
+            on_close=on_close,
+            workspace_mode=workspace_mode,
+            processes_started=0,
+        )
         self._bwrap = bwrap
         self._init_pid = init_pid
         self._state_dir = state_dir
@@ -106,36 +111,12 @@ class LocalSandbox:
         self._own_netns = not network
         self._workspace_mode = workspace_mode
         self._image_root = image_root
-        self._on_close = on_close
         self._trash = trash
         self._dead = trio.Event()
-        self._killed = False
         self._processes: set[LocalProcess] = set()
-        self._stats: dict[str, Any] = {
-            "workspace_mode": workspace_mode,
-            "boot_sec": boot_sec,
-            "execs": 0,
-            "exec_timeouts": 0,
-            "files_written": 0,
-            "files_read": 0,
-            "processes_started": 0,
-        }
         nursery.start_soon(self._watch_init)
 
     # -- identity ---------------------------------------------------------------------------
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def workdir(self) -> str:
-        return self._workdir
-
-    def start_background(
-        self, async_fn: Callable[[*PosArgs], Awaitable[object]], *args: *PosArgs
-    ) -> None:
-        start_in(self._nursery, self.id, async_fn, *args)
-
     @property
     def init_pid(self) -> int:
         """Host pid of the sandbox's pid-namespace init; every process in it dies with it."""
@@ -152,7 +133,7 @@ class LocalSandbox:
 
     def statistics(self) -> LocalSandboxStatistics:
         return LocalSandboxStatistics(
-            **self._stats, live_processes=len(self._processes), alive=self.alive
+            **self._counts, live_processes=len(self._processes), alive=self.alive
         )
 
     async def _watch_init(self) -> None:
@@ -229,7 +210,7 @@ class LocalSandbox:
             merge_stderr=merge_stderr,
             on_close=self._processes.discard,
         )
-        self._stats["processes_started"] += 1
+        self._counts["processes_started"] += 1
         self._processes.add(proc)
         return proc
 
@@ -297,40 +278,6 @@ class LocalSandbox:
         except (FileNotFoundError, IndexError):
             return False
 
-    async def exec(
-        self,
-        cmd: str,
-        *,
-        user: str | None = None,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        timeout: float | None = 60.0,
-        idempotent: bool = False,
-    ) -> ExecResult:
-        """Run ``cmd`` with ``/bin/sh -c``; see :meth:`trio_swe.Sandbox.exec`."""
-        del idempotent  # nothing to retry locally
-        check_command(cmd)
-        self._stats["execs"] += 1
-        start = trio.current_time()
-        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
-            status, out, _, truncated = await self._run(
-                ["/bin/sh", "-c", cmd], user=user, env=env, cwd=cwd
-            )
-        duration = trio.current_time() - start
-        if scope.cancelled_caught:
-            self._stats["exec_timeouts"] += 1
-            return ExecResult(exit_code=-1, reason="timeout", duration_sec=duration)
-        reason: Any = "exit"
-        if status < 0:
-            status, reason = 128 - status, "signal"
-        return ExecResult(
-            exit_code=status,
-            output=out.decode("utf-8", errors="replace"),
-            reason=reason,
-            duration_sec=duration,
-            output_truncated=truncated,
-        )
-
     # -- files ------------------------------------------------------------------------------
     async def write_file(
         self,
@@ -355,7 +302,7 @@ class LocalSandbox:
         error = write_error(status, path, user, err.decode(errors="replace").strip())
         if error is not None:
             raise error
-        self._stats["files_written"] += 1
+        self._counts["files_written"] += 1
 
     async def read_file(
         self,
@@ -402,40 +349,32 @@ class LocalSandbox:
             raise SandboxError(f"read_file {path!r} failed ({status}): {detail}")
         if max_bytes is not None and len(out) > max_bytes:
             raise SandboxFileTooLargeError(path, max_bytes)
-        self._stats["files_read"] += 1
+        self._counts["files_read"] += 1
         return out
 
     # -- lifecycle --------------------------------------------------------------------------
-    async def kill(self) -> None:
-        """Kill every process in the sandbox and remove its files on the host. Idempotent.
+    async def _destroy(self) -> None:
+        """Kill every process in the sandbox and remove its files on the host (:meth:`kill`).
 
         Every process is gone when this returns; the state directory is moved into the
         backend's trash, removed in the background (see :mod:`._trash`).
         """
-        if self._killed:
-            return
-        self._killed = True
-        t0 = time.monotonic()
-        with trio.CancelScope(shield=True):
-            try:
-                # The pid namespace's init: when it dies the kernel kills every process in the
-                # namespace, including daemons that called setsid.
-                outcome = await kill_namespace(
-                    self._init_pid, self._bwrap, what=f"local sandbox {self._id}"
-                )
-                self._stats["kill_reaped"] = outcome.reaped
-                self._stats["kill_timed_out"] = outcome.timed_out
-                for proc in list(self._processes):
-                    await proc.aclose()
-                if self._trash is not None:
-                    self._trash.discard(self._state_dir)
-                else:
-                    await trio.to_thread.run_sync(shutil.rmtree, self._state_dir, True)
-            finally:
-                self._dead.set()
-                self._stats["kill_sec"] = time.monotonic() - t0
-                if self._on_close is not None:
-                    self._on_close(self)
+        try:
+            # The pid namespace's init: when it dies the kernel kills every process in the
+            # namespace, including daemons that called setsid.
+            outcome = await kill_namespace(
+                self._init_pid, self._bwrap, what=f"local sandbox {self._id}"
+            )
+            self._counts["kill_reaped"] = outcome.reaped
+            self._counts["kill_timed_out"] = outcome.timed_out
+            for proc in list(self._processes):
+                await proc.aclose()
+            if self._trash is not None:
+                self._trash.discard(self._state_dir)
+            else:
+                await trio.to_thread.run_sync(shutil.rmtree, self._state_dir, True)
+        finally:
+            self._dead.set()
 
 
 class LocalSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
