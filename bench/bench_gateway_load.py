@@ -11,7 +11,9 @@ httpx client playing CLI agents here (request bodies are encoded before the cloc
   raised to 16 MiB here so that 8 MB reaches the token cap of 1M tokens): status, wall and CPU
   time of the request (this process: gateway + client), the same for a direct policy call of
   the prompt the gateway built, the peak growth of RSS during the request (sampled every
-  millisecond by a thread), what the session holds in bytes (its messages' text, the turn
+  millisecond by a thread) and up to the policy call (the gateway's own part: body, JSON,
+  rendering, tokenizing; the policy client's encoding of the prompt, the direct call's
+  ``direct +MB``, comes on top), what the session holds in bytes (its messages' text, the turn
   records' and histories' token buffers) and the RSS left once the session is finished and
   dropped. Also with ``max_context_tokens`` 32,768: a body over it is refused early.
 * *History length* (1 -> ``BENCH_GATEWAY_LOAD_TURNS`` turns, default 200): one session whose
@@ -134,6 +136,20 @@ class _Peak:
         return self.peak - self.base
 
 
+class _Marking:
+    """The bench's policy, noting the RSS peak so far when the gateway calls it."""
+
+    def __init__(self, policy: SGLangPolicy) -> None:
+        self.policy = policy
+        self.peak: _Peak | None = None
+        self.before = 0  # the peak growth before the last call
+
+    async def generate(self, ids: Any, params: Any, **kwargs: Any) -> Any:
+        if self.peak is not None:
+            self.before = max(self.peak.peak, _rss()) - self.peak.base
+        return await self.policy.generate(ids, params, **kwargs)
+
+
 def _held(handle: Any) -> int:
     """Bytes a session holds: its messages' text and its token buffers (the chains'
     histories, and the buffer its turn records view, at its capacity: it grows by doubling)."""
@@ -168,12 +184,13 @@ async def _body_sizes(url: str, tok: Any, direct: SGLangPolicy) -> None:
     print("body size: one user message, a fresh session each; medians of", ROUNDS, "rounds")
     head = (
         f"{'body':>9} {'ctx':>6} {'status':>6} {'wall ms':>8} {'CPU ms':>8} {'direct ms':>9} "
-        f"{'direct CPU':>10} {'peak RSS +MB':>12} {'direct +MB':>11} {'held MB':>8} {'peak/held':>9} {'left MB':>8}"
+        f"{'direct CPU':>10} {'peak RSS +MB':>12} {'to policy +MB':>13} {'direct +MB':>11} "
+        f"{'held MB':>8} {'peak/held':>9} {'to policy/held':>14} {'left MB':>8}"
     )
     print(head)
     async with (
         SGLangPolicy(url) as policy,
-        open_gateway(policy, tok, max_body_bytes=16 * 1024 * 1024) as gw,
+        open_gateway(marking := _Marking(policy), tok, max_body_bytes=16 * 1024 * 1024) as gw,
         httpx.AsyncClient(base_url=str(gw.url), timeout=600) as client,
     ):
         warm = gw.open_session("b")  # the chat model of these tools, built once
@@ -194,10 +211,14 @@ async def _body_sizes(url: str, tok: Any, direct: SGLangPolicy) -> None:
                     await trio.to_thread.run_sync(trim_memory)
                     base = _rss()
                     headers = {"x-api-key": handle.api_key, "content-type": "application/json"}
+                    marking.before = 0
                     with _Peak() as peak:
+                        marking.peak = peak
                         r, wall, cpu = await _timed(
                             partial(client.post, "/v1/messages", content=body, headers=headers)
                         )
+                    marking.peak = None
+                    before = marking.before or peak.growth  # refused: no policy call
                     status = r.status_code
                     held = _held(handle)
                     d_wall = d_cpu = 0.0
@@ -213,15 +234,16 @@ async def _body_sizes(url: str, tok: Any, direct: SGLangPolicy) -> None:
                     del handle, turns, r, body
                     gc.collect()
                     left = _rss() - base
-                    rows.append((wall, cpu, d_wall, d_cpu, peak.growth, d_peak, held, left))
+                    rows.append((wall, cpu, d_wall, d_cpu, peak.growth, before, d_peak, held, left))
                 med = [statistics.median(col) for col in zip(*rows, strict=True)]
-                wall, cpu, d_wall, d_cpu, growth, d_peak, held, left = med
+                wall, cpu, d_wall, d_cpu, growth, before, d_peak, held, left = med
                 ratio = f"{growth / held:9.2f}" if held else f"{'-':>9}"
+                ratio_before = f"{before / held:14.2f}" if held else f"{'-':>14}"
                 print(
                     f"{size:9,d} {ctx:6d} {status:6d} {wall * 1e3:8.1f} {cpu * 1e3:8.1f} "
                     f"{d_wall * 1e3:9.1f} {d_cpu * 1e3:10.1f} {growth / 1e6:12.1f} "
-                    f"{d_peak / 1e6:11.1f} "
-                    f"{held / 1e6:8.2f} {ratio} {left / 1e6:8.1f}"
+                    f"{before / 1e6:13.1f} {d_peak / 1e6:11.1f} "
+                    f"{held / 1e6:8.2f} {ratio} {ratio_before} {left / 1e6:8.1f}"
                 )
 
 

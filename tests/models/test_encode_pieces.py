@@ -54,8 +54,8 @@ def test_a_cap_stops_tokenizing_at_the_piece_that_passes_it(qwen3: ChatModel) ->
         with pytest.raises(TokenLimitError) as err:
             qwen3.encode_ids(text, limit=20_000)
         assert err.value.tokens > 20_000
-        # ~13k tokens a piece: two pieces encoded, not the 2 MB.
-        assert sum(calls) <= 3 * _chat.ENCODE_PIECE_CHARS
+        # A token per 5 characters: the pieces up to the one that passes the cap, not the 2 MB.
+        assert sum(calls) <= 5 * 20_000 + 2 * _chat.ENCODE_PIECE_CHARS
         calls.clear()
         # Longer than the cap could ever hold at the vocabulary's longest token: no encoding.
         with pytest.raises(TokenLimitError):
@@ -63,3 +63,26 @@ def test_a_cap_stops_tokenizing_at_the_piece_that_passes_it(qwen3: ChatModel) ->
         assert calls == []
     finally:
         del qwen3.encode
+
+
+def test_pieces_end_at_a_split_past_their_size(qwen3: ChatModel) -> None:
+    # Splits every 41 characters, pieces of 8: each piece runs on to the next split, so the
+    # text is encoded in pieces (never again whole, as after a cut anywhere).
+    text = "Instance: x\n" + " ".join(["abcdefghij" * 4] * 200)
+    whole = qwen3.encode(text)
+    calls: list[int] = []
+    inner = qwen3.encode
+
+    def counting(t: str) -> list[int]:
+        calls.append(len(t))
+        return inner(t)
+
+    qwen3.encode = counting  # type: ignore[method-assign]
+    try:
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(_chat, "ENCODE_PIECE_CHARS", 8)
+            assert qwen3.encode_ids(text).tolist() == whole
+    finally:
+        del qwen3.encode
+    assert len(calls) > 100
+    assert max(calls) <= 8 + 41
