@@ -28,7 +28,8 @@ def prompt_ids(checkpoint: Path, text: str = "Fix the failing test in calc.py.")
 
 
 async def metric(engine: VLLMEngine, name: str, **labels: str) -> float:
-    async with httpx.AsyncClient() as client:
+    # A busy engine answers a scrape in seconds: no client timeout but the test's own.
+    async with httpx.AsyncClient(timeout=None) as client:
         text = (await client.get(f"{engine.url}/metrics")).text
     total = 0.0
     for line in text.splitlines():
@@ -100,24 +101,36 @@ async def test_rollout_log_probs_are_what_the_weights_give_at_the_sampling_tempe
         assert off > 10 * RESCORE_TOLERANCE
 
 
+#: Long enough that no engine finishes it before a (slow, seconds under load) metrics scrape
+#: has seen it start: ~50 tokens/s here, so ~10 min; the test aborts it within seconds.
+LONG_GENERATION = 30_000
+
+
 @pytest.mark.parametrize("streamed", [False, True])
 async def test_a_cancelled_generation_is_aborted_on_the_engine(
     engine: VLLMEngine, checkpoint: Path, streamed: bool
 ) -> None:
     ids = prompt_ids(checkpoint)
-    params = {"max_new_tokens": 4000, "temperature": 1.0, "ignore_eos": True}
+    params = {"max_new_tokens": LONG_GENERATION, "temperature": 1.0, "ignore_eos": True}
     # vLLM counts no aborted request among its finished ones: the proof that the engine dropped
-    # it is that nothing runs any more, long before its 4000 tokens, and none finished.
+    # it is that nothing runs any more, long before its tokens are out, and none finished.
     finished_before = await metric(engine, "vllm:request_success_total")
     tokens_before = await metric(engine, "vllm:generation_tokens_total")
+    prompts_before = await metric(engine, "vllm:prompt_tokens_total")
     async with VLLMPolicy(engine.url, vocab_size=151669) as policy:
         started = trio.Event()
 
         async def on_tokens(new: list[int]) -> None:
             started.set()
 
-        async def watch_running() -> None:
-            await until(engine, "vllm:num_requests_running", lambda running: running >= 1)
+        async def generate() -> None:
+            await policy.generate(ids, params)
+            raise AssertionError("the generation finished before the engine was seen running it")
+
+        async def watch_prefilled() -> None:
+            # A counter, not the running gauge: a scrape that is slow (the server is busy
+            # generating) still sees that the engine took the prompt, however late it answers.
+            await until(engine, "vllm:prompt_tokens_total", lambda n: n > prompts_before)
             started.set()
 
         with trio.fail_after(120):
@@ -127,8 +140,8 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
                         lambda: policy.generate_stream(ids, params, on_tokens=on_tokens)
                     )
                 else:
-                    nursery.start_soon(policy.generate, ids, params)
-                    nursery.start_soon(watch_running)
+                    nursery.start_soon(generate)
+                    nursery.start_soon(watch_prefilled)
                 await started.wait()
                 nursery.cancel_scope.cancel()
         assert policy.statistics().aborts == 1
@@ -136,7 +149,7 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
         await until(engine, "vllm:num_requests_running", lambda running: running == 0)
     assert await metric(engine, "vllm:num_requests_waiting") == 0
     assert await metric(engine, "vllm:request_success_total") == finished_before
-    assert await metric(engine, "vllm:generation_tokens_total") - tokens_before < 4000
+    assert await metric(engine, "vllm:generation_tokens_total") - tokens_before < LONG_GENERATION
 
 
 async def test_engine_refusals_and_bad_replies_are_policy_errors_naming_engine_and_request(
