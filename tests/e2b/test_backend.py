@@ -89,14 +89,17 @@ async def test_a_cancelled_exec_leaves_no_process(server_backend: Pair, delay: f
         assert (await sb.exec("echo after")).output == "after\n"  # the sandbox is fine
 
 
-@pytest.mark.parametrize(("client", "keepalive"), [("h2", 50.0), ("httpx", 15.0)])
-async def test_keepalive_defaults_per_client(client: str, keepalive: float) -> None:
-    # The h2 client finds dead connections by PING, so it asks envd for the SDK's 50 s; httpx
-    # cannot sync a connection and keeps 15 s. An explicit interval wins on both.
+@pytest.mark.parametrize(
+    ("h2c", "client", "keepalive"), [(True, "h2", 50.0), (False, "httpx", 15.0)]
+)
+async def test_keepalive_defaults_per_client(h2c: bool, client: str, keepalive: float) -> None:
+    # envd's HTTP/2 (h2c here) goes over the h2 client, which finds dead connections by PING,
+    # so it asks envd for the SDK's 50 s; HTTP/1.1 (httpx) cannot sync a connection and keeps
+    # 15 s. An explicit interval wins on both.
     async with open_server_and_backend() as (server, _):
         for asked, want in ((None, keepalive), (2.0, 2.0)):
             async with (
-                e2b_backend_for(server, http_client=client, keepalive_interval=asked) as backend,
+                e2b_backend_for(server, h2c=h2c, keepalive_interval=asked) as backend,
                 open_sandbox(backend, "base") as sb,
             ):
                 assert sb._envd.keepalive_interval == want

@@ -1,10 +1,10 @@
 """Connections to one origin over the purpose-built HTTP/2 client, sharded with a stream cap.
 
-The same rules as :class:`~._pool.ConnectionPool` (httpx): at most ``streams_per_connection``
-streams per connection (E2B's edge allows 100), another connection opened once the least loaded
-one is half full, up to ``max_connections``; beyond that callers wait for a free slot. A
-connection that failed, got a GOAWAY or was retired takes no new streams and is closed once its
-last stream ended.
+envd's one HTTP/2 client (on ``https://`` and h2c origins). The sharding rules of
+:class:`~._lanes.Lanes`: at most ``streams_per_connection`` streams per connection (E2B's
+edge allows 100), another connection opened once the least loaded one is half full, up to
+``max_connections``; beyond that callers wait for a free slot. A connection that failed, got a
+GOAWAY or was retired takes no new streams and is closed once its last stream ended.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ._h2conn import H2Connection, H2Stream, split_origin
-from ._pool import Lane, Lanes, PoolStatistics
+from ._lanes import Lane, Lanes, PoolStatistics
 
 
 class H2Exchange:
