@@ -18,7 +18,7 @@ from trio_swe import (
 )
 from trio_swe.sandbox.e2b import E2BBackend, E2BSandboxStatistics
 from trio_swe.sandbox.e2b._h2conn import ping_interval_for, ping_timeout_for
-from trio_swe.testing import EnvdServer, Fault, FaultPlan
+from trio_swe.testing import EnvdServer, Fault, FaultPlan, open_envd_server
 
 from .helpers import e2b_backend_for, open_server_and_backend
 
@@ -108,6 +108,33 @@ async def test_keepalive_defaults_per_client(h2c: bool, client: str, keepalive: 
                 assert sb._envd.start_timeout == min(2.5 * want + 1.0, 38.5)
                 assert (await sb.exec("echo ok")).output == "ok\n"
                 assert client in {pool.client for pool in backend.statistics().pools}
+
+
+async def test_envd_over_http1_runs_a_lanes_streams_at_once() -> None:
+    # envd on a plain http:// origin is HTTP/1.1 (one stream per connection): the streams a
+    # lane carries need as many connections. Each command waits until all four have started.
+    # (At most 10 s each: a command still alone then fails with 9.)
+    barrier = (
+        "touch /tmp/started-{i}; for _ in $(seq 100); do "
+        "[ $(ls /tmp/started-* | wc -l) -ge 4 ] && exit 0; sleep 0.1; done; exit 9"
+    )
+    async with (
+        open_envd_server() as server,
+        e2b_backend_for(server, h2c=False) as backend,
+        open_sandbox(backend, "base") as sb,
+    ):
+        codes: list[int] = []
+
+        async def one(i: int) -> None:
+            codes.append((await sb.exec(barrier.format(i=i))).exit_code)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(one, i)
+        assert codes == [0, 0, 0, 0]
+        (pool,) = backend.statistics().pools
+        assert pool.client == "httpx"
+        assert pool.peak_streams >= 4
 
 
 def test_connection_liveness_does_not_scale_with_long_keepalives() -> None:

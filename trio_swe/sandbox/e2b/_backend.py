@@ -213,7 +213,9 @@ class E2BBackend(trio.abc.AsyncResource):
             else:
                 pool = ConnectionPool(
                     origin,
-                    http2=True,
+                    # HTTP/2 only where it can be had (ALPN or h2c): an HTTP/1.1 client limited to
+                    # HTTP/2's two connections ran two of a lane's streams at once.
+                    http2=tls,
                     h2c=h2c,
                     verify=self._verify,
                     streams_per_connection=self._per_conn,
