@@ -25,6 +25,7 @@ from ._lanes import (
     Lane,
     Lanes,
     PoolStatistics,
+    close_quietly,
 )
 
 #: Bound on one socket write that must not be interrupted (see :class:`WholeWrites`).
@@ -305,12 +306,7 @@ class ConnectionPool:
 
     async def _close_lane(self, lane: Lane[httpx.AsyncClient]) -> None:
         self._lanes.forget(lane)
-        with trio.CancelScope(shield=True) as scope:
-            scope.deadline = trio.current_time() + 5.0
-            try:
-                await lane.conn.aclose()
-            except Exception:
-                pass  # a broken connection may fail to close cleanly; it is gone either way
+        await close_quietly(lane.conn, 5.0)
 
     async def aclose(self) -> None:
         """Close every connection (streams still open on them fail)."""

@@ -11,8 +11,9 @@ HTTP/2) and :class:`~._httpxpool.ConnectionPool` (httpx: the REST API, HTTP/1.1)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import msgspec
 import trio
@@ -209,3 +210,16 @@ class Lanes(Generic[C]):
             streams_per_connection=self.per_conn,
             client=self._client,
         )
+
+
+class _Closable(Protocol):
+    async def aclose(self) -> None: ...
+
+
+async def close_quietly(conn: _Closable, bound: float = math.inf) -> None:
+    """Close a pool's connection, shielded (for at most ``bound`` s)."""
+    with trio.CancelScope(shield=True, deadline=trio.current_time() + bound):
+        try:
+            await conn.aclose()
+        except Exception:
+            pass  # a broken connection may fail to close cleanly; it is gone either way
