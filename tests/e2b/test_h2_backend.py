@@ -12,7 +12,7 @@ import os
 import pytest
 import trio
 
-from trio_swe import open_sandbox
+from trio_swe import SandboxUnreachableError, open_sandbox
 from trio_swe.testing import Fault, FaultPlan, open_envd_server
 
 from .helpers import e2b_backend_for
@@ -76,3 +76,16 @@ async def test_one_fault_on_start_runs_the_command_once_over_h2(fault: Fault) ->
         assert (res.exit_code, res.reason) == (5, "exit")
         assert (await sb.read_file("/tmp/log")) == b"x\n"
         assert server.statistics().faults_injected == {fault.kind: 1}
+
+
+async def test_envd_on_tls_without_h2_is_a_clear_error() -> None:
+    # envd on https:// is spoken to in HTTP/2 only (no httpx fallback any more): an origin
+    # whose ALPN refuses h2 fails at once with a reason that names it, not after retries.
+    async with (
+        open_envd_server(tls=True, http2=False) as server,
+        e2b_backend_for(server, h2c=False, verify=server.ca_path) as backend,
+        open_sandbox(backend, "base") as sb,
+    ):
+        with pytest.raises(SandboxUnreachableError, match="envd on https:// must speak HTTP/2"):
+            await sb.exec("true")
+        assert backend.statistics().retries == 0

@@ -87,7 +87,8 @@ class H2ConnectionTerminated(httpx.RemoteProtocolError):
 
 
 class H2NotNegotiated(Exception):
-    """TLS ALPN did not select ``h2``: this origin needs the httpx client."""
+    """TLS ALPN did not select ``h2``: envd on ``https://`` is spoken to in HTTP/2 only (E2B's
+    edge offers it; HTTP/1.1 goes over httpx on a plain ``http://`` origin)."""
 
 
 # --- HPACK without the dynamic table -------------------------------------------------------
@@ -506,7 +507,7 @@ class H2Connection:
             await trio.aclose_forcefully(stream)
             raise H2NotNegotiated(
                 f"{self._host}:{self._port} did not negotiate HTTP/2 over TLS (ALPN "
-                f"{stream.selected_alpn_protocol()!r}): use the httpx client for it"
+                f"{stream.selected_alpn_protocol()!r}): envd on https:// must speak HTTP/2"
             )
         return stream
 
