@@ -3,15 +3,58 @@ defaults, counters, ``aclose`` and ``statistics``. The engines' dialects live in
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 import httpx
+import msgspec
 import trio
 
 from ._types import PolicyStatistics
 
-__all__ = ["HttpPolicy"]
+__all__ = ["HttpPolicy", "IdsBody"]
+
+#: Ids per encoded slice of a prompt: ~50 KB of JSON.
+_SLICE = 8192
+
+
+class IdsBody:
+    """A request body: a JSON object whose last member is the prompt's ids, encoded a slice at
+    a time as it is sent.
+
+    A prompt of the gateway's size (a 2 MB tool result is ~400k ids) held as a list of Python
+    ints costs ~36 bytes an id, and its JSON another ~7: both on top of what the session holds.
+    Here the ids stay in the caller's buffer; the length is counted by one encoding pass (so
+    the request has a ``content-length``, not chunks) and the bytes are made again, a slice at
+    a time, as httpx writes them. Iterable again, should a request be sent twice.
+    """
+
+    def __init__(self, fields: Mapping[str, Any], key: str, ids: Sequence[int]) -> None:
+        head = msgspec.json.encode(dict(fields))
+        comma = b"," if len(head) > 2 else b""
+        self._head = head[:-1] + comma + msgspec.json.encode(key) + b":["
+        self._ids = ids
+        self._length = len(self._head) + sum(map(len, self._slices())) + len(b"]}")
+
+    def _slices(self) -> Iterator[bytes]:
+        ids = self._ids
+        for start in range(0, len(ids), _SLICE):
+            text = msgspec.json.encode(list(ids[start : start + _SLICE]))[1:-1]
+            yield b"," + text if start else text
+
+    def __len__(self) -> int:
+        return self._length
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The ``content-length`` to send it with (httpx would send chunks otherwise)."""
+        return {"content-length": str(self._length)}
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        yield self._head
+        for piece in self._slices():
+            yield piece
+        yield b"]}"
 
 
 class HttpPolicy(trio.abc.AsyncResource):

@@ -13,7 +13,7 @@ import msgspec
 import trio
 
 from .._errors import PolicyError
-from ._http import HttpPolicy
+from ._http import HttpPolicy, IdsBody
 from ._types import PolicyOutput
 
 __all__ = ["SGLangPolicy", "decode_generate_reply"]
@@ -167,19 +167,19 @@ class SGLangPolicy(HttpPolicy):
     ) -> PolicyOutput:
         """See :meth:`Policy.generate`."""
         rid = uuid.uuid4().hex
-        body = {
+        fields = {
             "rid": rid,
-            "input_ids": list(input_ids),
             "sampling_params": {**self.defaults, **sampling_params},
             "return_logprob": True,
         }
-        headers = dict(self._headers)
+        body = IdsBody(fields, "input_ids", input_ids)
+        headers = {**self._headers, **body.headers}
         if session_id:
             headers["X-SMG-Routing-Key"] = session_id
         self._stats["requests"] += 1
         try:
             response = await self._client.post(
-                f"{self.base_url}/generate", content=msgspec.json.encode(body), headers=headers
+                f"{self.base_url}/generate", content=body, headers=headers
             )
         except trio.Cancelled:
             await self._abort(rid)
@@ -217,14 +217,14 @@ class SGLangPolicy(HttpPolicy):
         A cancelled or failed stream is aborted on the server.
         """
         rid = uuid.uuid4().hex
-        body = {
+        fields = {
             "rid": rid,
-            "input_ids": list(input_ids),
             "sampling_params": {**self.defaults, **sampling_params},
             "return_logprob": True,
             "stream": True,
         }
-        headers = dict(self._headers)
+        body = IdsBody(fields, "input_ids", input_ids)
+        headers = {**self._headers, **body.headers}
         if session_id:
             headers["X-SMG-Routing-Key"] = session_id
         self._stats["requests"] += 1
@@ -236,7 +236,7 @@ class SGLangPolicy(HttpPolicy):
             async with self._client.stream(
                 "POST",
                 f"{self.base_url}/generate",
-                content=msgspec.json.encode(body),
+                content=body,
                 headers=headers,
             ) as response:
                 if response.status_code >= 400:

@@ -32,7 +32,7 @@ import msgspec
 import trio
 
 from .._errors import InvalidArgumentError, PolicyError
-from ._http import HttpPolicy
+from ._http import HttpPolicy, IdsBody
 from ._types import PolicyOutput
 
 __all__ = ["VLLMPolicy", "vllm_sampling_params"]
@@ -227,23 +227,29 @@ class VLLMPolicy(HttpPolicy):
         return "/inference/v1/generate" if self.route == "generate" else "/v1/completions"
 
     async def _body(
-        self, rid: str, input_ids: Sequence[int], sampling_params: Mapping[str, Any]
-    ) -> dict[str, Any]:
+        self,
+        rid: str,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        stream: bool = False,
+    ) -> IdsBody:
         params = vllm_sampling_params({**self.defaults, **sampling_params})
+        more = {"stream": True} if stream else {}
         if self.route == "generate":
-            body: dict[str, Any] = {"request_id": rid, "token_ids": list(input_ids)}
-            body["sampling_params"] = params
+            fields: dict[str, Any] = {"request_id": rid, "sampling_params": params, **more}
             if self.model:
-                body["model"] = self.model
-            return body
+                fields["model"] = self.model
+            return IdsBody(fields, "token_ids", input_ids)
         # /v1/completions takes the sampling parameters at the top level.
-        return {
+        fields = {
             **params,
             "model": await self._model_name(),
-            "prompt": list(input_ids),
             "return_token_ids": True,
             "request_id": rid,
+            **more,
         }
+        return IdsBody(fields, "prompt", input_ids)
 
     async def _model_name(self) -> str:
         async with self._model_lock:
@@ -280,8 +286,8 @@ class VLLMPolicy(HttpPolicy):
         try:
             response = await self._client.post(
                 f"{self.base_url}{self._path}",
-                content=msgspec.json.encode(body),
-                headers=self._headers,
+                content=body,
+                headers={**self._headers, **body.headers},
             )
         except trio.Cancelled:
             await self._abort(rid)
@@ -346,8 +352,7 @@ class VLLMPolicy(HttpPolicy):
             return out
         rid = f"trio-swe-{uuid.uuid4().hex}"
         where = self._where(rid)
-        body = await self._body(rid, input_ids, sampling_params)
-        body["stream"] = True
+        body = await self._body(rid, input_ids, sampling_params, stream=True)
         check = _Checker(where, self.vocab_size)
         self._stats["requests"] += 1
         ids: list[int] = []
@@ -358,8 +363,8 @@ class VLLMPolicy(HttpPolicy):
             async with self._client.stream(
                 "POST",
                 f"{self.base_url}{self._path}",
-                content=msgspec.json.encode(body),
-                headers=self._headers,
+                content=body,
+                headers={**self._headers, **body.headers},
             ) as response:
                 if response.status_code >= 400:
                     text = (await response.aread())[:300].decode(errors="replace")
