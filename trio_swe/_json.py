@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
+
 
 def loads(text: str | bytes | bytearray) -> Any:
     """The JSON value of ``text``.
@@ -20,6 +22,14 @@ def loads(text: str | bytes | bytearray) -> Any:
         ValueError: not JSON (``json.JSONDecodeError``), bytes that are not UTF-8
             (``UnicodeDecodeError``), or nested too deeply to decode.
     """
+    # msgspec first (2-4x faster: the gateway parses every resent history); what it refuses
+    # (NaN, 1e400, a BOM, a lone surrogate, ...) is decided by json, as it always was.
+    try:
+        return msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        pass
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to decode") from None
     try:
         return json.loads(text)
     except RecursionError:
