@@ -211,10 +211,12 @@ def test_cancelled_generate_leaves_no_sandbox_on_the_server(
 
         async def main() -> tuple[list[str], list[str]]:
             task = asyncio.ensure_future(generate(args, _sample(demo, "demo__calc-1", HANG), {}))
-            # The agent's sandbox is up and its first policy call is pending: cancel now.
+            # The agent's sandbox is up and its first policy call is pending (sent while the
+            # sandbox booted): cancel now.
             await _wait_for(
-                lambda: servers.call(lambda: servers.policy.statistics().active) > 0,
-                "the first policy call",
+                lambda: servers.call(lambda: servers.policy.statistics().active) > 0
+                and len(servers.live_sandboxes()) == 1,
+                "the first policy call and the agent's sandbox",
             )
             running = servers.live_sandboxes()
             task.cancel()
