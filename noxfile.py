@@ -42,17 +42,8 @@ def ray(session: nox.Session) -> None:
 
 
 @nox.session(python=False)
-def e2b_h2(session: nox.Session) -> None:
-    """The E2B suites with envd over the purpose-built HTTP/2 client (the default)."""
-    session.env["TRIO_SWE_E2B_HTTP_CLIENT"] = "h2"
-    args = session.posargs or ["-q", "-n", "1", "-p", "no:randomly"]
-    session.run(PYTHON, "-m", "pytest", "tests/e2b", "tests/test_cli_e2b.py", *args)
-
-
-@nox.session(python=False)
-def e2b_httpx(session: nox.Session) -> None:
-    """The E2B suites with envd over httpx (the client before the purpose-built one)."""
-    session.env["TRIO_SWE_E2B_HTTP_CLIENT"] = "httpx"
+def e2b(session: nox.Session) -> None:
+    """The E2B suites and the CLI's e2b tests, one worker (envd over its own HTTP/2 client)."""
     args = session.posargs or ["-q", "-n", "1", "-p", "no:randomly"]
     session.run(PYTHON, "-m", "pytest", "tests/e2b", "tests/test_cli_e2b.py", *args)
 

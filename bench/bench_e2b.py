@@ -201,13 +201,8 @@ def _profile_report(prof: Any, calls: int) -> None:
 
 
 def _child(who: str, what: str) -> None:
-    if who == "ours_httpx":  # our backend with envd over httpx, the client before _h2conn
-        os.environ["TRIO_SWE_E2B_HTTP_CLIENT"] = "httpx"
-    else:
-        os.environ.setdefault("TRIO_SWE_E2B_HTTP_CLIENT", "h2")
     fn = {
         "ours": _ours,
-        "ours_httpx": _ours,
         "sdk": _sdk,
         "slime": _slime,
         "record": _record_cost,
@@ -441,24 +436,21 @@ def bench_cpu(info: dict[str, str]) -> None:
         f"(a) client CPU per call, ms, median of {runs} runs (each client in its own process), "
         "TLS + HTTP/2, one local server"
     )
-    print(f"    {'':40} {'trio_swe':>9} {'peer':>9} {'ratio':>6} {'(httpx)':>9} {'ratio':>6}  peer")
+    print(f"    {'':40} {'trio_swe':>9} {'peer':>9} {'ratio':>6}  peer")
     errors = {"ours": 0, "peer": 0}
 
     def row(label: str, peer: str, what: str, peer_name: str) -> None:
-        ours, theirs, old = [], [], []
-        for _ in range(runs):  # interleaved, so drifting machine load hits all alike
+        ours, theirs = [], []
+        for _ in range(runs):  # interleaved, so drifting machine load hits both alike
             o = _run_child(info, "ours", what)
             t = _run_child(info, peer, what)
-            h = _run_child(info, "ours_httpx", what)
             ours.append(o["cpu"])
             theirs.append(t["cpu"])
-            old.append(h["cpu"])
-            errors["ours"] += o["errors"] + h["errors"]
+            errors["ours"] += o["errors"]
             errors["peer"] += t["errors"]
-        mo, mt, mh = statistics.median(ours), statistics.median(theirs), statistics.median(old)
+        mo, mt = statistics.median(ours), statistics.median(theirs)
         print(
-            f"    {label:40} {mo * 1e3:9.3f} {mt * 1e3:9.3f} {mo / mt:6.2f} {mh * 1e3:9.3f} "
-            f"{mh / mt:6.2f}  {peer_name}",
+            f"    {label:40} {mo * 1e3:9.3f} {mt * 1e3:9.3f} {mo / mt:6.2f}  {peer_name}",
             flush=True,
         )
 
@@ -470,10 +462,7 @@ def bench_cpu(info: dict[str, str]) -> None:
     else:
         print(f"    {detached_label:40} skipped: set TRIO_SWE_SLIME_DIR to a slime checkout")
     print(f"    failed calls: trio_swe {errors['ours']}, peers {errors['peer']}")
-    print(
-        "    trio_swe: envd over the purpose-built HTTP/2 client (_h2conn); (httpx): the same "
-        "backend with TRIO_SWE_E2B_HTTP_CLIENT=httpx"
-    )
+    print("    trio_swe: envd over the purpose-built HTTP/2 client (_h2conn)")
     print("    goal (issue 13.1): trio_swe's ratio <= 0.50 on every row")
 
 

@@ -368,9 +368,8 @@ def _report(r: dict[str, Any]) -> None:
         f"  N = {n:,} concurrent detached `sleep D; exit K` (ramp {r['ramp']:.0f} s, ends spread "
         f"over {r['spread']:.0f} s, poll {POLL:g} s), wall {r['wall']:.0f} s"
     )
-    client = os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT", "default (h2)")
     keepalive = os.environ.get("TRIO_SWE_SCALE_KEEPALIVE", "default")
-    print(f"    {r['uptime']} at the end; client {client}, keepalive {keepalive}")
+    print(f"    {r['uptime']} at the end; keepalive {keepalive}")
     print(f"    errors                         {len(r['errors'])}  {r['errors'][:3]}")
     print(
         f"    ramp                           {r['ramp_actual']:.0f} s (planned {r['ramp']:.0f} s, "

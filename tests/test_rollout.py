@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
 import trio.testing
 
-from trio_swe import ConfigError, EpisodeResult, run_rollouts
+from trio_swe import ConfigError, EpisodeResult, PermanentBootError, run_episode, run_rollouts
 from trio_swe.agents import AgentOutcome, AgentTask, BaseAgent, BashAgent
 from trio_swe.demo import open_scripted_policy_server
-from trio_swe.policy import ByteTokenizer, SGLangPolicy
+from trio_swe.policy import ByteTokenizer, PolicyOutput, SGLangPolicy
 from trio_swe.sandbox import Backend, BackendWrapper, Sandbox, SandboxSpec
 
 from .test_episode_support import assert_nothing_left, build_demo, demo_config
@@ -147,3 +149,122 @@ async def test_boot_ahead_outside_zero_to_concurrency_is_refused(
             mds, _GatedAgent(trio.Event()), backend=local, concurrency=2, boot_ahead=boot_ahead
         ):
             pass
+
+
+class _GatedBoot(BackendWrapper):
+    """Boots only once ``open`` is set; raises a permanent boot error then if ``fail``."""
+
+    def __init__(self, backend: Backend, *, fail: bool = False) -> None:
+        super().__init__(backend, owns=False)
+        self.open, self.fail, self.created = trio.Event(), fail, 0
+
+    async def create_sandbox(self, spec: SandboxSpec, nursery: trio.Nursery) -> Sandbox:
+        await self.open.wait()
+        if self.fail:
+            raise PermanentBootError("this test's boot fails")
+        self.created += 1
+        return await super().create_sandbox(spec, nursery)
+
+
+class _WatchedPolicy:
+    """Passes calls on (or holds them until cancelled); notes each call's session and ids."""
+
+    def __init__(self, inner: SGLangPolicy | None) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str | None, list[int]]] = []
+        self.called, self.cancelled = trio.Event(), 0
+
+    async def generate(
+        self, input_ids: Any, sampling_params: Any, *, session_id: str | None = None
+    ) -> PolicyOutput:
+        self.calls.append((session_id, list(input_ids)))
+        self.called.set()
+        try:
+            if self.inner is None:
+                await trio.sleep_forever()
+            assert self.inner is not None
+            return await self.inner.generate(input_ids, sampling_params, session_id=session_id)
+        except trio.Cancelled:
+            self.cancelled += 1
+            raise
+
+
+async def test_the_first_policy_call_is_sent_while_the_sandbox_boots(tmp_path: Path) -> None:
+    demo, mds, local = build_demo(tmp_path)
+    md = next(md for md in mds if md.instance_id == "demo__calc-1")
+    config = demo_config()
+    async with (
+        open_scripted_policy_server(demo.scripts) as server,
+        SGLangPolicy(server.url) as sglang,
+    ):
+        # The same episode without the overlap (the policy answers the same script).
+        plain = await run_episode(
+            md, BashAgent(sglang, ByteTokenizer()), backend=local, config=config
+        )
+        policy = _WatchedPolicy(sglang)
+        backend = _GatedBoot(local)
+        results: list[EpisodeResult] = []
+
+        async def episode() -> None:
+            agent = BashAgent(policy, ByteTokenizer())  # type: ignore[arg-type]
+            results.append(await run_episode(md, agent, backend=backend, config=config))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(episode)
+            with trio.fail_after(60):  # a hang guard: before, no call came before the boot
+                await policy.called.wait()
+            assert backend.created == 0  # the sandbox is still booting
+            backend.open.set()
+    (result,) = results
+    assert result.status == plain.status == "completed", result.error
+    assert result.reward == plain.reward == 1.0
+    # Each turn one call: the first was not sent again once the sandbox was ready.
+    assert len(policy.calls) == result.n_turns == plain.n_turns
+    assert [s.tokens for s in result.samples] == [s.tokens for s in plain.samples]
+    assert [s.loss_mask for s in result.samples] == [s.loss_mask for s in plain.samples]
+    assert_nothing_left(tmp_path, local)
+
+
+async def test_a_boot_that_fails_aborts_the_first_call_in_flight(tmp_path: Path) -> None:
+    _, mds, local = build_demo(tmp_path)
+    policy = _WatchedPolicy(None)  # never answers
+    backend = _GatedBoot(local, fail=True)
+    agent = BashAgent(policy, ByteTokenizer())  # type: ignore[arg-type]
+    results: list[EpisodeResult] = []
+
+    async def episode() -> None:
+        results.append(await run_episode(mds[0], agent, backend=backend, config=demo_config()))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(episode)
+        with trio.fail_after(60):  # a hang guard only
+            await policy.called.wait()
+        backend.open.set()
+    (result,) = results
+    assert result.status == "aborted"
+    assert result.abort_reason == "boot_failed", result.error
+    assert policy.cancelled == 1  # the call in flight was cancelled: the engine aborts it
+    assert agent._first_calls == {}
+    assert_nothing_left(tmp_path, local)
+
+
+async def test_an_episode_booting_ahead_sends_nothing_before_its_slot(tmp_path: Path) -> None:
+    # One agent slot, one episode ahead: the one waiting for the slot must not start its first
+    # call (its output would wait, the engine's batch would grow): calls come episode by episode.
+    demo, mds, local = build_demo(tmp_path)
+    instances = [md for md in mds if md.instance_id in ("demo__calc-1", "demo__words-1")]
+    async with (
+        open_scripted_policy_server(demo.scripts) as server,
+        SGLangPolicy(server.url) as sglang,
+    ):
+        policy = _WatchedPolicy(sglang)
+        agent = BashAgent(policy, ByteTokenizer())  # type: ignore[arg-type]
+        async with run_rollouts(
+            instances, agent, backend=local, config=demo_config(), concurrency=1, boot_ahead=1,
+            network=False,
+        ) as stream:  # fmt: skip
+            results = [r async for r in stream]
+    assert [r.status for r in results] == ["completed"] * 2, [r.error for r in results]
+    sessions = [s for s, _ in policy.calls]
+    switches = sum(a != b for a, b in itertools.pairwise(sessions))
+    assert switches == 1, sessions

@@ -44,7 +44,7 @@ maps each option's dotted path to its variable):
   ``SWE_RAY_DETACHED``.
 
 Not options of ``SweConfig`` (each documented where it is read): a backend's own settings
-(``E2B_*``, ``SSL_CERT_FILE``, ``TRIO_SWE_E2B_HTTP_CLIENT``: :class:`~trio_swe.E2BBackend`;
+(``E2B_*``, ``SSL_CERT_FILE``: :class:`~trio_swe.E2BBackend`;
 ``DOCKER_HOST``, ``SWE_DOCKER_BASE_IMAGE``: :class:`~trio_swe.DockerBackend`), the CLI agents'
 install cache (``SWE_AGENT_CACHE``, :mod:`trio_swe.agents._install`) and gateway sockets
 (``SWE_GATEWAY_SOCKET_DIR``, :mod:`trio_swe.agents._cli`), and ``trio-swe run --ray``'s connect

@@ -30,7 +30,7 @@ from ._errors import (
 )
 from ._groups import open_private_nursery
 from ._workspace import PROBLEM_STATEMENT_FILE, prepare_workspace, take_patch
-from .agents import Agent, AgentOutcome, AgentTask
+from .agents import Agent, AgentOutcome, AgentTask, FirstTurnAgent
 from .config import SweConfig
 from .grading import (
     EvalArtifacts,
@@ -308,6 +308,7 @@ class _Episode:
         self.eval_result: EvalResult | None = None
         self.samples: list[Sample] = []
         self.started_at: float | None = None
+        self._slot_taken_early = False
 
     async def run(self, *, network: bool, build_samples: bool) -> None:
         timings = self.timings
@@ -335,10 +336,11 @@ class _Episode:
             timings.kill = time.monotonic() - t_kill  # read after the nursery has joined
 
         async with open_private_nursery(f"the agent sandbox of {self.episode_id}") as nursery:
-            t0 = time.monotonic()
-            sb: Sandbox = await nursery.start(hold_sandbox)
-            timings.boot = time.monotonic() - t0
-            await self._agent_phase(sb)
+            async with self._first_turn():
+                t0 = time.monotonic()
+                sb: Sandbox = await nursery.start(hold_sandbox)
+                timings.boot = time.monotonic() - t0
+                await self._agent_phase(sb)
             t4 = time.monotonic()
             release.set()  # kill the agent's sandbox while grading starts
             self.eval_result = await self._grade()
@@ -359,11 +361,43 @@ class _Episode:
         return ttl
 
     @asynccontextmanager
+    async def _first_turn(self) -> AsyncIterator[None]:
+        """Let the agent's first policy call overlap the boot, when the agent can (a
+        :class:`FirstTurnAgent`) and will run as soon as its sandbox is ready: no agent slots,
+        or one free now, held from here (an episode booting ahead would only hold its output)."""
+        slots = self.agent_slots
+        if not isinstance(self.agent, FirstTurnAgent):
+            yield
+            return
+        if slots is not None:
+            try:
+                slots.acquire_nowait()
+            except trio.WouldBlock:
+                yield
+                return
+            self._slot_taken_early = True
+        try:
+            async with self.agent.first_turn(self._task()):
+                yield
+        finally:
+            if self._slot_taken_early:  # the agent never ran: the slot is still ours
+                self._slot_taken_early = False
+                assert slots is not None
+                slots.release()
+
+    @asynccontextmanager
     async def _agent_slot(self) -> AsyncIterator[None]:
         """Hold an agent slot (when the rollout has them) while the agent runs. The wait is
         not the episode's work: the guard moves by as long as it took."""
         if self.agent_slots is None:
             yield
+            return
+        if self._slot_taken_early:  # by _first_turn, before the boot
+            try:
+                yield
+            finally:
+                self._slot_taken_early = False
+                self.agent_slots.release()
             return
         t0 = trio.current_time()
         async with self.agent_slots:
@@ -392,10 +426,9 @@ class _Episode:
         self.patch = await take_patch(sb, md.workdir, base, agent_user=user)
         timings.patch = time.monotonic() - t3
 
-    async def _run_agent(self, sb: Sandbox) -> AgentOutcome:
-        """The agent, under its budget (which starts now)."""
+    def _task(self, started_at: float | None = None) -> AgentTask:
         md, cfg = self.md, self.config
-        task = AgentTask(
+        return AgentTask(
             instance_id=md.instance_id,
             session_id=self.episode_id,
             problem_statement=md.problem_statement,
@@ -404,8 +437,13 @@ class _Episode:
             time_budget_sec=cfg.episode.agent_time_budget_sec,
             max_context_tokens=cfg.episode.max_context_tokens,
             sampling_params=self.sampling_params,
-            started_at=trio.current_time(),
+            started_at=started_at,
         )
+
+    async def _run_agent(self, sb: Sandbox) -> AgentOutcome:
+        """The agent, under its budget (which starts now)."""
+        cfg = self.config
+        task = self._task(started_at=trio.current_time())
         outcome: AgentOutcome | None = None
         # The agent keeps its own budget and returns its turns; this scope only catches an
         # agent that ignores it.

@@ -18,7 +18,7 @@ from trio_swe import (
 )
 from trio_swe.sandbox.e2b import E2BBackend, E2BSandboxStatistics
 from trio_swe.sandbox.e2b._h2conn import ping_interval_for, ping_timeout_for
-from trio_swe.testing import EnvdServer, Fault, FaultPlan
+from trio_swe.testing import EnvdServer, Fault, FaultPlan, open_envd_server
 
 from .helpers import e2b_backend_for, open_server_and_backend
 
@@ -89,14 +89,17 @@ async def test_a_cancelled_exec_leaves_no_process(server_backend: Pair, delay: f
         assert (await sb.exec("echo after")).output == "after\n"  # the sandbox is fine
 
 
-@pytest.mark.parametrize(("client", "keepalive"), [("h2", 50.0), ("httpx", 15.0)])
-async def test_keepalive_defaults_per_client(client: str, keepalive: float) -> None:
-    # The h2 client finds dead connections by PING, so it asks envd for the SDK's 50 s; httpx
-    # cannot sync a connection and keeps 15 s. An explicit interval wins on both.
+@pytest.mark.parametrize(
+    ("h2c", "client", "keepalive"), [(True, "h2", 50.0), (False, "httpx", 15.0)]
+)
+async def test_keepalive_defaults_per_client(h2c: bool, client: str, keepalive: float) -> None:
+    # envd's HTTP/2 (h2c here) goes over the h2 client, which finds dead connections by PING,
+    # so it asks envd for the SDK's 50 s; HTTP/1.1 (httpx) cannot sync a connection and keeps
+    # 15 s. An explicit interval wins on both.
     async with open_server_and_backend() as (server, _):
         for asked, want in ((None, keepalive), (2.0, 2.0)):
             async with (
-                e2b_backend_for(server, http_client=client, keepalive_interval=asked) as backend,
+                e2b_backend_for(server, h2c=h2c, keepalive_interval=asked) as backend,
                 open_sandbox(backend, "base") as sb,
             ):
                 assert sb._envd.keepalive_interval == want
@@ -105,6 +108,33 @@ async def test_keepalive_defaults_per_client(client: str, keepalive: float) -> N
                 assert sb._envd.start_timeout == min(2.5 * want + 1.0, 38.5)
                 assert (await sb.exec("echo ok")).output == "ok\n"
                 assert client in {pool.client for pool in backend.statistics().pools}
+
+
+async def test_envd_over_http1_runs_a_lanes_streams_at_once() -> None:
+    # envd on a plain http:// origin is HTTP/1.1 (one stream per connection): the streams a
+    # lane carries need as many connections. Each command waits until all four have started.
+    # (At most 10 s each: a command still alone then fails with 9.)
+    barrier = (
+        "touch /tmp/started-{i}; for _ in $(seq 100); do "
+        "[ $(ls /tmp/started-* | wc -l) -ge 4 ] && exit 0; sleep 0.1; done; exit 9"
+    )
+    async with (
+        open_envd_server() as server,
+        e2b_backend_for(server, h2c=False) as backend,
+        open_sandbox(backend, "base") as sb,
+    ):
+        codes: list[int] = []
+
+        async def one(i: int) -> None:
+            codes.append((await sb.exec(barrier.format(i=i))).exit_code)
+
+        async with trio.open_nursery() as nursery:
+            for i in range(4):
+                nursery.start_soon(one, i)
+        assert codes == [0, 0, 0, 0]
+        (pool,) = backend.statistics().pools
+        assert pool.client == "httpx"
+        assert pool.peak_streams >= 4
 
 
 def test_connection_liveness_does_not_scale_with_long_keepalives() -> None:

@@ -1,7 +1,6 @@
-"""The E2B backend with envd over the purpose-built HTTP/2 client (``http_client="h2"``).
+"""The E2B backend with envd over its HTTP/2 client (:mod:`trio_swe.sandbox.e2b._h2conn`).
 
-The rest of ``tests/e2b`` runs on the default client; ``nox -s e2b_h2`` runs all of it, and the
-CLI's e2b tests, over this one. Here: the paths it must get right on its own (a big upload within
+The rest of ``tests/e2b`` runs over it too (envd on h2c or TLS goes nowhere else). Here: the paths it must get right on its own (a big upload within
 flow-control windows, streams spread over capped connections, a connection fault on a Start).
 """
 
@@ -13,7 +12,7 @@ import os
 import pytest
 import trio
 
-from trio_swe import open_sandbox
+from trio_swe import SandboxUnreachableError, open_sandbox
 from trio_swe.testing import Fault, FaultPlan, open_envd_server
 
 from .helpers import e2b_backend_for
@@ -22,7 +21,7 @@ from .helpers import e2b_backend_for
 async def test_files_and_exec_over_the_h2_client() -> None:
     async with (
         open_envd_server() as server,
-        e2b_backend_for(server, http_client="h2") as backend,
+        e2b_backend_for(server) as backend,
         open_sandbox(backend, "base") as sb,
     ):
         big = os.urandom(300_000)  # several 65,535-byte stream windows each way
@@ -38,9 +37,7 @@ async def test_files_and_exec_over_the_h2_client() -> None:
 async def test_streams_spread_over_capped_h2_connections() -> None:
     async with (
         open_envd_server() as server,
-        e2b_backend_for(
-            server, http_client="h2", streams_per_connection=8, max_connections=4
-        ) as backend,
+        e2b_backend_for(server, streams_per_connection=8, max_connections=4) as backend,
         open_sandbox(backend, "base") as sb,
     ):
         results: list[int] = []
@@ -72,10 +69,23 @@ async def test_streams_spread_over_capped_h2_connections() -> None:
 async def test_one_fault_on_start_runs_the_command_once_over_h2(fault: Fault) -> None:
     async with (
         open_envd_server(faults=FaultPlan([fault], seed=0)) as server,
-        e2b_backend_for(server, http_client="h2") as backend,
+        e2b_backend_for(server) as backend,
         open_sandbox(backend, "base") as sb,
     ):
         res = await sb.exec("echo x >> /tmp/log; echo out; sleep 1.5; exit 5")
         assert (res.exit_code, res.reason) == (5, "exit")
         assert (await sb.read_file("/tmp/log")) == b"x\n"
         assert server.statistics().faults_injected == {fault.kind: 1}
+
+
+async def test_envd_on_tls_without_h2_is_a_clear_error() -> None:
+    # envd on https:// is spoken to in HTTP/2 only (no httpx fallback any more): an origin
+    # whose ALPN refuses h2 fails at once with a reason that names it, not after retries.
+    async with (
+        open_envd_server(tls=True, http2=False) as server,
+        e2b_backend_for(server, h2c=False, verify=server.ca_path) as backend,
+        open_sandbox(backend, "base") as sb,
+    ):
+        with pytest.raises(SandboxUnreachableError, match="envd on https:// must speak HTTP/2"):
+            await sb.exec("true")
+        assert backend.statistics().retries == 0

@@ -1,4 +1,5 @@
-"""A connection whose first request was cancelled right after the HTTP/2 preface.
+"""A connection whose first request was cancelled right after the HTTP/2 preface (httpx's HTTP/2,
+which the REST API speaks).
 
 httpcore 1.0 sets a new HTTP/2 connection's stream semaphore up in a loop of checkpoints after
 sending the preface; a request cancelled there leaves the semaphore over-full, and once the
@@ -16,7 +17,7 @@ import httpcore
 import trio
 
 from trio_swe.sandbox.e2b._envd import EnvdClient
-from trio_swe.sandbox.e2b._pool import ConnectionPool
+from trio_swe.sandbox.e2b._httpxpool import ConnectionPool
 from trio_swe.sandbox.e2b._retry import RetryStats
 from trio_swe.testing import open_envd_server
 

@@ -1,8 +1,8 @@
 """The envd test server's lean HTTP/2 server (``open_envd_server(lean_http2=True)``).
 
-Both E2B clients against it, with real local sandboxes behind it: bodies bigger than the
-flow-control windows both ways, many concurrent streams, a stream the client abandons, and
-HTTP/1.1 still served (by hypercorn).
+The E2B backend against it (envd over its HTTP/2 client, the REST API over httpx's), with real
+local sandboxes behind it: bodies bigger than the flow-control windows both ways, many concurrent
+streams, a stream the client abandons, and HTTP/1.1 still served (by hypercorn).
 """
 
 from __future__ import annotations
@@ -23,18 +23,15 @@ from trio_swe.testing import EnvdServer, SyntheticBackend, open_envd_server
 
 from ..e2b.helpers import TEST_POLICY
 
-CLIENTS = ["h2", "httpx"]
-
 
 @asynccontextmanager
-async def _lean(client: str, **server_kw: Any) -> AsyncIterator[tuple[EnvdServer, E2BBackend]]:
+async def _lean(**server_kw: Any) -> AsyncIterator[tuple[EnvdServer, E2BBackend]]:
     async with open_envd_server(tls=True, lean_http2=True, **server_kw) as server:
         backend = E2BBackend(
             api_key=server.api_key,
             api_url=server.api_url,
             sandbox_url=server.sandbox_url,
             verify=server.ca_path,
-            http_client=client,
             keepalive_interval=1.0,
             retry_policy=TEST_POLICY,
             seed=1,
@@ -43,10 +40,9 @@ async def _lean(client: str, **server_kw: Any) -> AsyncIterator[tuple[EnvdServer
             yield server, backend
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-async def test_big_bodies_and_output_through_flow_control(client: str) -> None:
+async def test_big_bodies_and_output_through_flow_control() -> None:
     with trio.fail_after(120):  # a hang guard only
-        async with _lean(client) as (server, backend), open_sandbox(backend, "base") as sb:
+        async with _lean() as (server, backend), open_sandbox(backend, "base") as sb:
             big = os.urandom(300_000)  # several 65,535-byte windows each way
             await sb.write_file("/tmp/big.bin", big)
             assert await sb.read_file("/tmp/big.bin") == big
@@ -57,10 +53,9 @@ async def test_big_bodies_and_output_through_flow_control(client: str) -> None:
             assert stats.connection_errors == 0
 
 
-@pytest.mark.parametrize("client", CLIENTS)
-async def test_many_streams_and_an_abandoned_one(client: str) -> None:
+async def test_many_streams_and_an_abandoned_one() -> None:
     with trio.fail_after(120):
-        async with _lean(client) as (_, backend), open_sandbox(backend, "base") as sb:
+        async with _lean() as (_, backend), open_sandbox(backend, "base") as sb:
             codes: list[int] = []
 
             async def one(i: int) -> None:
@@ -82,7 +77,7 @@ async def test_many_streams_and_an_abandoned_one(client: str) -> None:
 async def test_detached_calls_on_synthetic_sandboxes() -> None:
     with trio.fail_after(120):
         async with (
-            _lean("h2", backend=SyntheticBackend()) as (_, backend),
+            _lean(backend=SyntheticBackend()) as (_, backend),
             open_sandbox(backend, "base", workdir="/tmp") as sb,
         ):
             results = []

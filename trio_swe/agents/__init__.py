@@ -19,7 +19,7 @@ from ._cli import CLI_AGENTS, CliAgent, cli_agent_host_paths
 from ._harness import AgentInstallError, NpmCliAgent, install_npm_cli, run_agent
 from ._install import ensure_installed
 from ._registry import AgentFactory, available_agents, check_agent, create_agent, register_agent
-from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent
+from ._types import Agent, AgentFinish, AgentOutcome, AgentTask, BaseAgent, FirstTurnAgent
 
 __all__ = [
     "CLI_AGENTS",
@@ -32,6 +32,7 @@ __all__ = [
     "BaseAgent",
     "BashAgent",
     "CliAgent",
+    "FirstTurnAgent",
     "NpmCliAgent",
     "PromptTooLongError",
     "available_agents",

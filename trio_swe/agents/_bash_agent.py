@@ -22,11 +22,14 @@ import re
 import shlex
 import time
 from array import array
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
 from .._errors import InvalidArgumentError, PromptTooLongError
+from .._groups import open_private_nursery
 from ..models import BASH_TOOL, EDIT_TOOL, ChatModel, ParsedOutput, TokenHistory, ToolCall
 from ..policy import (
     ByteTokenizer,
@@ -191,6 +194,33 @@ class _ToolChat:
         self.history.append_messages([{"role": "tool", "content": o} for o in observations])
 
 
+class _FirstCall:
+    """A first policy call sent before the sandbox was ready (:meth:`BashAgent.first_turn`)."""
+
+    __slots__ = ("_done", "_error", "_output", "chat", "params")
+
+    def __init__(self, chat: _TextChat | _ToolChat, params: dict[str, Any]) -> None:
+        self.chat = chat
+        self.params = params
+        self._done = trio.Event()
+        self._output: PolicyOutput | None = None
+        self._error: Exception | None = None
+
+    async def send(self, policy: Policy, session_id: str) -> None:
+        try:
+            self._output = await policy.generate(self.chat.ids, self.params, session_id=session_id)
+        except Exception as exc:  # raised by run(), which takes it as its own call's
+            self._error = exc
+        self._done.set()
+
+    async def output(self) -> PolicyOutput:
+        await self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._output is not None
+        return self._output
+
+
 class BashAgent(BaseAgent):
     """An agent loop in Python over a :class:`~trio_swe.agents.Policy`.
 
@@ -250,6 +280,8 @@ class BashAgent(BaseAgent):
         self.sampling_params = {**_DEFAULT_SAMPLING, **(sampling_params or {})}
         self.user = user
         self.max_prompt_tokens = max_prompt_tokens
+        # First calls started by first_turn, by session, until run takes them.
+        self._first_calls: dict[str, _FirstCall] = {}
 
     @classmethod
     def from_config(cls, config: SweConfig, policy: Policy | None = None) -> BashAgent:
@@ -324,32 +356,24 @@ class BashAgent(BaseAgent):
         transcript: list[str] = []
         stats = {"command_sec": 0.0, "policy_sec": 0.0, "n_commands": 0}
         finish: AgentFinish = "turn_limit"
-        params = {**self.sampling_params, **task.sampling_params}
+        first = self._first_calls.pop(task.session_id, None)
         cap = task.max_context_tokens
-        limit = self._check_prompt_size(task)
         deadline = task.deadline()
 
         with trio.CancelScope(deadline=deadline) as budget:
-            tok = self.tokenizer
-            chat: _TextChat | _ToolChat = (
-                _ToolChat(tok, task) if isinstance(tok, ChatModel) else _TextChat(tok, task)
-            )
-            if len(chat.ids) >= limit:
-                raise PromptTooLongError(len(chat.ids), limit, exact=True)
+            chat = first.chat if first is not None else self._first_chat(task)
             for turn in range(self.max_turns):
-                call_params = dict(params)
-                if params.get("seed") is not None:  # no two calls of an episode share a seed
-                    call_params["seed"] = int(params["seed"]) + turn
-                if cap:
-                    room = cap - len(chat.ids)
-                    if room <= 0:
-                        finish = "context_limit"
-                        break
-                    call_params["max_new_tokens"] = min(
-                        int(call_params.get("max_new_tokens", room)), room
-                    )
+                call_params = self._call_params(task, chat, turn)
+                if call_params is None:
+                    finish = "context_limit"
+                    break
                 t0 = time.monotonic()
-                out = await self.policy.generate(chat.ids, call_params, session_id=task.session_id)
+                if first is not None and turn == 0 and first.params == call_params:
+                    out = await first.output()  # sent while the sandbox booted
+                else:
+                    out = await self.policy.generate(
+                        chat.ids, call_params, session_id=task.session_id
+                    )
                 stats["policy_sec"] += time.monotonic() - t0
                 if out.finish_reason == "abort":
                     raise PolicyError("the policy server aborted the generation")
@@ -392,6 +416,61 @@ class BashAgent(BaseAgent):
             policy_sec=float(stats["policy_sec"]),
             n_commands=int(stats["n_commands"]),
         )
+
+    def _first_chat(self, task: AgentTask) -> _TextChat | _ToolChat:
+        """The first prompt's chat; raises PromptTooLongError if it cannot fit."""
+        limit = self._check_prompt_size(task)
+        tok = self.tokenizer
+        chat: _TextChat | _ToolChat = (
+            _ToolChat(tok, task) if isinstance(tok, ChatModel) else _TextChat(tok, task)
+        )
+        if len(chat.ids) >= limit:
+            raise PromptTooLongError(len(chat.ids), limit, exact=True)
+        return chat
+
+    def _call_params(
+        self, task: AgentTask, chat: _TextChat | _ToolChat, turn: int
+    ) -> dict[str, Any] | None:
+        """Turn ``turn``'s sampling parameters; None when the context has no room left."""
+        params = {**self.sampling_params, **task.sampling_params}
+        if params.get("seed") is not None:  # no two calls of an episode share a seed
+            params["seed"] = int(params["seed"]) + turn
+        cap = task.max_context_tokens
+        if cap:
+            room = cap - len(chat.ids)
+            if room <= 0:
+                return None
+            params["max_new_tokens"] = min(int(params.get("max_new_tokens", room)), room)
+        return params
+
+    @asynccontextmanager
+    async def first_turn(self, task: AgentTask) -> AsyncIterator[None]:
+        """See :class:`~trio_swe.agents.FirstTurnAgent`: the first prompt needs only the task.
+
+        A prompt that cannot be sent (too long, no room) starts nothing: :meth:`run` raises
+        or ends as it would have. The call's failure is raised by :meth:`run`, when it takes
+        the output, as if it had made the call itself.
+        """
+        try:
+            chat = self._first_chat(task)
+        except PromptTooLongError:
+            chat = None
+        params = self._call_params(task, chat, 0) if chat is not None else None
+        if chat is None or params is None or task.session_id in self._first_calls:
+            yield
+            return
+        first = _FirstCall(chat, params)
+        self._first_calls[task.session_id] = first
+        try:
+            async with open_private_nursery(f"the first policy call of {task.session_id}") as n:
+                n.start_soon(first.send, self.policy, task.session_id)
+                try:
+                    yield
+                finally:
+                    n.cancel_scope.cancel()  # not taken: the policy aborts it
+        finally:
+            if self._first_calls.get(task.session_id) is first:
+                del self._first_calls[task.session_id]
 
     def _check_vocabulary(self, out: PolicyOutput) -> None:
         tok = self.tokenizer

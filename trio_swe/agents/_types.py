@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import msgspec
@@ -10,7 +11,7 @@ import trio
 from ..sandbox import Sandbox
 from ..trajectory import TurnRecord
 
-__all__ = ["Agent", "AgentFinish", "AgentOutcome", "AgentTask", "BaseAgent"]
+__all__ = ["Agent", "AgentFinish", "AgentOutcome", "AgentTask", "BaseAgent", "FirstTurnAgent"]
 
 #: How an agent's run ended.
 #:
@@ -111,6 +112,24 @@ class Agent(Protocol):
 
     async def aclose(self) -> None:
         """Release what the agent owns. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class FirstTurnAgent(Agent, Protocol):
+    """An agent whose first policy call needs only the task, not the sandbox (the bash
+    agent's first prompt is the system prompt and the problem statement).
+
+    The episode enters :meth:`first_turn` as soon as it has the task, when the agent will
+    run at once (an agent slot is free), and runs the agent inside it: the first
+    generation overlaps the sandbox's boot and the workspace's preparation, instead of the
+    engine idling through them.
+    """
+
+    def first_turn(self, task: AgentTask) -> AbstractAsyncContextManager[None]:
+        """Start ``task``'s first policy call now; :meth:`run` of the same task inside the
+        block takes its output. Leaving the block cancels a call not taken (the policy
+        aborts it), so a sandbox that fails to boot leaves nothing running."""
         ...
 
 

@@ -25,16 +25,30 @@ class IdsBody:
     A prompt of the gateway's size (a 2 MB tool result is ~400k ids) held as a list of Python
     ints costs ~36 bytes an id, and its JSON another ~7: both on top of what the session holds.
     Here the ids stay in the caller's buffer; the length is counted by one encoding pass (so
-    the request has a ``content-length``, not chunks) and the bytes are made again, a slice at
-    a time, as httpx writes them. Iterable again, should a request be sent twice.
+    the request has a ``content-length``, not chunks). Up to :data:`KEEP_BYTES` of JSON, the
+    pieces of that pass are sent; past it they are dropped and made again, a slice at a time,
+    as httpx writes them. Iterable again, should a request be sent twice.
     """
+
+    #: JSON of the ids kept from the counting pass (~150k ids): a bigger prompt is encoded
+    #: twice rather than held.
+    KEEP_BYTES = 1 << 20
 
     def __init__(self, fields: Mapping[str, Any], key: str, ids: Sequence[int]) -> None:
         head = msgspec.json.encode(dict(fields))
         comma = b"," if len(head) > 2 else b""
         self._head = head[:-1] + comma + msgspec.json.encode(key) + b":["
         self._ids = ids
-        self._length = len(self._head) + sum(map(len, self._slices())) + len(b"]}")
+        pieces: list[bytes] | None = []
+        size = 0
+        for piece in self._slices():
+            size += len(piece)
+            if pieces is not None:
+                pieces.append(piece)
+                if size > self.KEEP_BYTES:
+                    pieces = None
+        self._pieces = pieces
+        self._length = len(self._head) + size + len(b"]}")
 
     def _slices(self) -> Iterator[bytes]:
         ids = self._ids
@@ -52,7 +66,7 @@ class IdsBody:
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         yield self._head
-        for piece in self._slices():
+        for piece in self._slices() if self._pieces is None else self._pieces:
             yield piece
         yield b"]}"
 

@@ -8,7 +8,7 @@ Use :class:`E2BBackend` with :func:`trio_swe.open_sandbox`::
 """
 
 from ._backend import E2BBackend, E2BBackendStatistics
-from ._pool import PoolStatistics
+from ._lanes import PoolStatistics
 from ._retry import RetryPolicy
 from ._sandbox import E2BSandbox, E2BSandboxStatistics
 

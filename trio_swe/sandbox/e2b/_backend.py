@@ -18,15 +18,11 @@ from .._images import ImageMap, ImageSource
 from .._types import BackendStatistics, SandboxSpec
 from . import _connect
 from ._envd import ENVD_PORT, EnvdClient
+from ._fetch import Transport
 from ._h2conn import ping_interval_for, ping_timeout_for
 from ._h2pool import H2Pool
-from ._pool import (
-    DEFAULT_MAX_CONNECTIONS,
-    DEFAULT_STREAMS_PER_CONNECTION,
-    ConnectionPool,
-    PoolStatistics,
-    Transport,
-)
+from ._httpxpool import ConnectionPool
+from ._lanes import DEFAULT_MAX_CONNECTIONS, DEFAULT_STREAMS_PER_CONNECTION, PoolStatistics
 from ._rest import RestClient
 from ._retry import RetryPolicy, RetryStats
 from ._sandbox import DEFAULT_MAX_OUTPUT_BYTES, E2BSandbox
@@ -52,8 +48,9 @@ _USER_AGENT: Final = "trio-swe-e2b/0.1"
 #: ``ping_interval_for + ping_timeout_for``, 60 s), so keepalives only keep intermediaries from
 #: cutting idle streams; at 10,000 streams, 15 s of them were ~20 % of a core, 50 s ~6 %.
 H2_KEEPALIVE_SEC: Final = 50.0
-#: The httpx path cannot sync a connection: its per-stream watchdog (2.5 x this + 1 s) is what
-#: finds a dead stream or connection, so it keeps the shorter interval.
+#: envd over HTTP/1.1 (httpx: a plain ``http://`` origin without h2c) cannot sync a connection:
+#: its per-stream watchdog (2.5 x this + 1 s) is what finds a dead stream, so it keeps the shorter
+#: interval.
 HTTPX_KEEPALIVE_SEC: Final = 15.0
 
 
@@ -110,21 +107,19 @@ class E2BBackend(trio.abc.AsyncResource):
         debug: skip the REST API and talk to one envd directly, as the SDK's debug mode does.
         verify: TLS verification: ``True``, a CA bundle path, or an ``ssl.SSLContext``
             (default: ``SSL_CERT_FILE`` if set, else the system/certifi store).
-        h2c: speak HTTP/2 with prior knowledge to ``http://`` URLs (HTTP/1.1 otherwise).
+        h2c: speak HTTP/2 with prior knowledge to ``http://`` URLs (HTTP/1.1 otherwise). envd's
+            HTTP/2 (``https://`` or h2c) goes over the purpose-built client of :mod:`._h2conn`;
+            the REST API over httpx, and so does envd on HTTP/1.1.
         streams_per_connection: concurrent streams per HTTP/2 connection (E2B's edge allows 100).
         max_connections: connections per origin.
         keepalive_interval: seconds between envd keepalive events on streams; a stream silent
             for 2.5 times that (+ 1 s) is re-attached (on the h2 client: once a PING showed the
-            connection itself is not behind). Default: 50 s on the h2 client (the SDK's), 15 s
-            on httpx (see :data:`H2_KEEPALIVE_SEC`).
+            connection itself is not behind). Default: 50 s on HTTP/2 (the SDK's), 15 s on
+            HTTP/1.1 (see :data:`H2_KEEPALIVE_SEC`).
         retry_policy: attempts and backoff of transient failures.
         request_timeout: bound on one unary request or file transfer.
         max_output_bytes: ``exec`` keeps the last this many bytes of output.
         seed: seeds the backoff jitter (tests).
-        http_client: envd's HTTP/2 client: ``"h2"`` (the purpose-built client of
-            :mod:`._h2conn`, for ``https://`` and h2c origins) or ``"httpx"`` (default: the
-            ``TRIO_SWE_E2B_HTTP_CLIENT`` variable, else ``"h2"``). The REST API always uses
-            httpx, and so does envd on a plain ``http://`` origin without h2c.
         images: which template each row boots (the image-mapping hook ``image_for``): instance
             id -> template, or a function of the instance metadata returning one (None: the
             row's own image, which must then be a template name or id).
@@ -150,7 +145,6 @@ class E2BBackend(trio.abc.AsyncResource):
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         seed: int | None = None,
         images: ImageSource | None = None,
-        http_client: str | None = None,
     ) -> None:
         self.image_for = ImageMap(images)
         self.debug = _env_bool("E2B_DEBUG") if debug is None else debug
@@ -175,12 +169,6 @@ class E2BBackend(trio.abc.AsyncResource):
             verify = ssl.create_default_context(cafile=verify)
         self._verify: ssl.SSLContext | bool = verify
         self._h2c = h2c
-        # envd goes over the purpose-built HTTP/2 client unless told otherwise; httpx stays
-        # for the REST API and plain http:// (docs/e2b.md, "The HTTP/2 client for envd").
-        client = http_client or os.environ.get("TRIO_SWE_E2B_HTTP_CLIENT") or "h2"
-        if client not in ("h2", "httpx"):
-            raise ConfigError(f"http_client must be 'h2' or 'httpx', got {client!r}")
-        self._http_client = client
         self._per_conn = streams_per_connection
         self._max_conns = max_connections
         self._keepalive = keepalive_interval
@@ -199,14 +187,16 @@ class E2BBackend(trio.abc.AsyncResource):
     # --- connections ---------------------------------------------------------------------
 
     def _pool(self, origin: str, *, envd: bool = False) -> Transport:
-        """The pool of ``origin``: envd over the h2 client where it applies, else httpx."""
+        """The pool of ``origin``: envd's HTTP/2 over the h2 client, the rest over httpx (the
+        REST API, and envd on a plain ``http://`` origin without h2c: HTTP/1.1)."""
         token = trio.lowlevel.current_trio_token()
         if token is not self._token:
             # Connections are bound to the trio run that made them; a new run starts over.
             self._pools = {}
             self._token = token
         h2c = self._h2c and origin.startswith("http://")
-        lean = envd and self._http_client == "h2" and (h2c or origin.startswith("https://"))
+        tls = origin.startswith("https://")
+        lean = envd and (h2c or tls)
         key = ("h2" if lean else "httpx", origin)
         pool = self._pools.get(key)
         if pool is None:
@@ -223,7 +213,9 @@ class E2BBackend(trio.abc.AsyncResource):
             else:
                 pool = ConnectionPool(
                     origin,
-                    http2=True,
+                    # HTTP/2 only where it can be had (ALPN or h2c): an HTTP/1.1 client limited to
+                    # HTTP/2's two connections ran two of a lane's streams at once.
+                    http2=tls,
                     h2c=h2c,
                     verify=self._verify,
                     streams_per_connection=self._per_conn,

@@ -1,8 +1,8 @@
 """A client of one sandbox's envd: Connect RPCs for processes, HTTP for files and health.
 
 Every request takes a stream slot from the shared pool of the envd origin (the purpose-built
-HTTP/2 client of :mod:`._h2pool`, or httpx's :class:`~._pool.ConnectionPool`), plain requests go
-through the one request-and-retry function :func:`~._pool.fetch`, and all are counted. Server
+HTTP/2 client of :mod:`._h2pool`, or httpx's :class:`~._httpxpool.ConnectionPool` on HTTP/1.1), plain requests go
+through the one request-and-retry function :func:`~._fetch.fetch`, and all are counted. Server
 streams get an idle watchdog: envd sends a keepalive event every ``Keepalive-Ping-Interval``
 seconds, so a stream silent for much longer than that is dead (on HTTP/2 a read timeout cannot
 see it: the connection's other streams keep the socket busy).
@@ -24,7 +24,7 @@ import msgspec
 import trio
 
 from . import _connect, _wire
-from ._pool import Answer, Exchange, Transport, fetch
+from ._fetch import Answer, Exchange, Transport, fetch
 from ._retry import (
     STREAM_ID_ATTR,
     RetryPolicy,
@@ -121,7 +121,7 @@ class EventStream:
 
         The watchdog firing proves nothing by itself: a starved event loop reads its sockets
         late, and then every stream looks silent at once. So the connection syncs with the
-        peer first (:meth:`~._pool.Exchange.silent_since`); only a stream still silent after
+        peer first (:meth:`~._fetch.Exchange.silent_since`); only a stream still silent after
         everything the peer sent has been read is dead. A dead connection is the connection's
         own liveness check's to find (one failure for all its streams, not one per stream).
         """
@@ -192,7 +192,7 @@ class EnvdClient:
     """envd of one sandbox, reached through ``pool`` with routing/auth ``headers``.
 
     Args:
-        pool: connections to the envd origin (either client: :class:`~._pool.Transport`).
+        pool: connections to the envd origin (either client: :class:`~._fetch.Transport`).
         headers: ``X-Access-Token``, ``E2b-Sandbox-Id``, ``E2b-Sandbox-Port``...
         policy: retry policy.
         stats: where retries and resets are counted (shared with the backend).
@@ -267,7 +267,7 @@ class EnvdClient:
         """One plain HTTP request (files, health, unary RPCs) with retries; body read.
 
         ``headers``: more headers than the sandbox's own; ``raw_headers`` instead: the
-        request's complete headers as HTTP/2 sends them (built once by the callers here). See :func:`~._pool.fetch` (``shield``: a sent attempt runs to its answer; ``limit``:
+        request's complete headers as HTTP/2 sends them (built once by the callers here). See :func:`~._fetch.fetch` (``shield``: a sent attempt runs to its answer; ``limit``:
         read at most ``limit + 1`` bytes of the body; ``timeout``: each attempt's bound
         instead of the client's ``request_timeout``).
 

@@ -11,7 +11,7 @@ the HTTP/2 rules and drops the rest:
   :class:`~._h2frames.ClientConnection` and wakes the streams its calls name (no lock dance);
 * writes go straight to the socket; only what it does not take at once is finished by a system
   task, in order, bounded by ``WRITE_BOUND_SEC`` of no progress, so a begun write completes
-  whoever is cancelled (the guarantee of :class:`~._pool.WholeWrites`);
+  whoever is cancelled (the guarantee of :class:`~._httpxpool.WholeWrites`);
 * :class:`H2Stream`: one request and its response; waits take a deadline (no cancel scope per
   wait), served by one timer task per trio run (:class:`_Timers`); a stream closed before its
   end sends ``RST_STREAM(CANCEL)`` and its unread DATA is credited back to the connection window;
@@ -53,7 +53,7 @@ from . import _h2frames
 from ._h2frames import ClientConnection, H2ProtocolError, TooManyStreams
 from ._h2io import RAW_SOCKETS, READ_SIZE, RawSocketStream, TLSStream, readable
 
-#: Bound on one socket write that must not be interrupted (as ``_pool.WRITE_BOUND_SEC``).
+#: Bound on one socket write that must not be interrupted (as ``_httpxpool.WRITE_BOUND_SEC``).
 WRITE_BOUND_SEC: Final = 30.0
 #: Connection-level receive window (per-stream windows stay at the default 65,535).
 _CONNECTION_WINDOW: Final = 16 * 1024 * 1024
@@ -87,7 +87,8 @@ class H2ConnectionTerminated(httpx.RemoteProtocolError):
 
 
 class H2NotNegotiated(Exception):
-    """TLS ALPN did not select ``h2``: this origin needs the httpx client."""
+    """TLS ALPN did not select ``h2``: envd on ``https://`` is spoken to in HTTP/2 only (E2B's
+    edge offers it; HTTP/1.1 goes over httpx on a plain ``http://`` origin)."""
 
 
 # --- HPACK without the dynamic table -------------------------------------------------------
@@ -254,7 +255,7 @@ class H2Stream:
         self._wait_serial = 0  # the deadline entry (_Timers) of the wait on now, 0 for none
         self._news = 0  # frames (or the connection's failure) seen for this stream
 
-    #: :meth:`silent_since` proves a silence (the :class:`~._pool.Exchange` flag).
+    #: :meth:`silent_since` proves a silence (the :class:`~._fetch.Exchange` flag).
     confirms_silence: Final = True
 
     @property
@@ -506,7 +507,7 @@ class H2Connection:
             await trio.aclose_forcefully(stream)
             raise H2NotNegotiated(
                 f"{self._host}:{self._port} did not negotiate HTTP/2 over TLS (ALPN "
-                f"{stream.selected_alpn_protocol()!r}): use the httpx client for it"
+                f"{stream.selected_alpn_protocol()!r}): envd on https:// must speak HTTP/2"
             )
         return stream
 
@@ -638,7 +639,7 @@ class H2Connection:
 
         What the socket does not take at once is written by a system task (the writer), so a
         begun write always completes, whoever asked for it is cancelled (the guarantee of
-        :class:`~._pool.WholeWrites`), bounded by ``WRITE_BOUND_SEC`` of no progress; while it
+        :class:`~._httpxpool.WholeWrites`), bounded by ``WRITE_BOUND_SEC`` of no progress; while it
         runs, later frames queue behind it in order. A failed write fails the connection.
         """
         if self._writing or self._error is not None:

@@ -1,10 +1,10 @@
 """Connections to one origin over the purpose-built HTTP/2 client, sharded with a stream cap.
 
-The same rules as :class:`~._pool.ConnectionPool` (httpx): at most ``streams_per_connection``
-streams per connection (E2B's edge allows 100), another connection opened once the least loaded
-one is half full, up to ``max_connections``; beyond that callers wait for a free slot. A
-connection that failed, got a GOAWAY or was retired takes no new streams and is closed once its
-last stream ended.
+envd's one HTTP/2 client (on ``https://`` and h2c origins). The sharding rules of
+:class:`~._lanes.Lanes`: at most ``streams_per_connection`` streams per connection (E2B's
+edge allows 100), another connection opened once the least loaded one is half full, up to
+``max_connections``; beyond that callers wait for a free slot. A connection that failed, got a
+GOAWAY or was retired takes no new streams and is closed once its last stream ended.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any
 import trio
 
 from ._h2conn import H2Connection, H2Stream, split_origin
-from ._pool import Lane, Lanes, PoolStatistics
+from ._lanes import Lane, Lanes, PoolStatistics, close_quietly
 
 
 class H2Exchange:
@@ -207,22 +207,13 @@ class H2Pool:
                 self._close_soon(lane)
 
     async def _close_lane(self, lane: Lane[H2Connection]) -> None:
-        if not self._lanes.forget(lane):
-            return
-        with trio.CancelScope(shield=True):
-            try:
-                await lane.conn.aclose()
-            except Exception:
-                pass  # a broken connection may fail to close cleanly; it is gone either way
+        if self._lanes.forget(lane):
+            await close_quietly(lane.conn)
 
     async def aclose(self) -> None:
         """Close every connection (streams still open on them fail)."""
         for lane in self._lanes.close_all():
-            with trio.CancelScope(shield=True):
-                try:
-                    await lane.conn.aclose()
-                except Exception:
-                    pass
+            await close_quietly(lane.conn)
 
     def statistics(self) -> PoolStatistics:
         return self._lanes.statistics()

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from urllib.parse import quote, urlencode
 
 from . import _connect, _wire
-from ._pool import Answer, Transport, fetch
+from ._fetch import Answer, Transport, fetch
 from ._retry import RetryPolicy, RetryStats
 
 
