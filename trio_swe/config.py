@@ -312,7 +312,8 @@ class RayOptions(_Options, frozen=True, kw_only=True):
         workers: workers in the pool of slime's ``generate()``; ``None`` (the variable's
             ``auto``): one per node; ``0`` (or unset): no Ray, episodes run in the calling
             process (see :attr:`enabled`).
-        concurrency: episodes at once per worker.
+        concurrency: agents at once per worker (as many more episodes boot, wait for an agent
+            slot or grade beside them: ``WorkerPool``'s default ``boot_ahead``).
         address: the cluster to join when Ray is not initialised yet.
         pool: name of the shared pool (its workers are ``NAME-i``).
         namespace: Ray namespace of the pool and its limiter.

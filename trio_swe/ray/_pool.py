@@ -1,7 +1,9 @@
 """The driver's side: a pool of rollout workers, and rollouts streamed from it.
 
 :class:`WorkerPool` starts the workers (one per node by default), keeps them across batches, and
-dispatches episodes to the least loaded live worker, at most ``concurrency`` per worker. A worker
+dispatches episodes to the least loaded live worker, at most ``concurrency + boot_ahead`` per
+worker: ``concurrency`` running their agents, the rest booting, waiting for an agent slot or
+grading beside them (as :func:`trio_swe.open_rollouts` does in one process). A worker
 that dies mid-episode (``ray.kill``, OOM, node loss) costs nothing but time: its episodes run
 again on another worker (each instance is in the results exactly once), the limiter gets its
 leases back at once, a surviving worker kills the dead one's provider sandboxes (found by their
@@ -66,7 +68,7 @@ class WorkerPoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
     live: int  #: workers ready for episodes
     starting: int  #: workers being created (a replacement, or the first ones)
-    running: int  #: episodes in flight across the workers
+    running: int  #: episodes in flight across the workers (booting, waiting, agent or grading)
     deaths: int  #: workers lost (node loss, OOM, ray.kill)
     reruns: int  #: episodes run again because their worker died
     reaps: int  #: dead workers whose E2B sandboxes were listed and killed
@@ -88,7 +90,7 @@ class _Worker:
         self.ready_ref: ObjectRef = handle.ready.remote()
         self.state: Literal["starting", "live", "dead"] = "starting"
         self.info: WorkerInfo | None = None
-        self.running: int = 0
+        self.running: int = 0  # episodes dispatched here and not back yet
 
     def mark_live(self, raw: bytes) -> None:
         if self.state == "starting":
@@ -101,7 +103,7 @@ class WorkerView(NamedTuple):
 
     info: WorkerInfo
     handle: ActorHandle
-    running: int
+    running: int  #: episodes on it: booting, waiting for an agent slot, agent, grading
 
 
 class WorkerPool:
@@ -118,7 +120,11 @@ class WorkerPool:
         workers: how many workers; None starts one per alive node (placed with a hard node
             affinity), an int spreads that many over the cluster (``SPREAD``). Ignored when
             ``resources`` or ``placement_group`` say where each worker goes.
-        concurrency: episodes running at once on each worker.
+        concurrency: agents running at once on each worker.
+        boot_ahead: episodes booting, waiting for an agent slot or grading beside them on each
+            worker, at most ``concurrency`` (its default; 0: each episode holds its slot from
+            boot to grade), as :func:`trio_swe.open_rollouts`'s: a worker runs up to
+            ``concurrency + boot_ahead`` episodes, and as many hold sandboxes.
         config: the episodes' configuration (:meth:`SweConfig.from_env` of the driver when None);
             shipped to the workers as msgpack.
         backend: ``"local"``, ``"e2b"`` (built on the worker, from its environment), or a
@@ -153,6 +159,7 @@ class WorkerPool:
         *,
         workers: int | None = None,
         concurrency: int = 4,
+        boot_ahead: int | None = None,
         config: SweConfig | None = None,
         backend: str | BackendFactory | None = None,
         agent: str | AgentFactory | None = None,
@@ -175,11 +182,15 @@ class WorkerPool:
             raise ConfigError(f"lease_ttl_sec must be a positive number, not {lease_ttl_sec}")
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, not {concurrency}")
+        if boot_ahead is not None and not 0 <= boot_ahead <= concurrency:
+            # More would wait longer than one agent's budget for a slot (see run_episode).
+            raise ConfigError(f"boot_ahead must be between 0 and concurrency, not {boot_ahead}")
         if workers is not None and workers < 1:
             raise ConfigError(f"workers must be >= 1 (or None: one per node), not {workers}")
         if max_booting < 0 or max_alive < 0:
             raise ConfigError("max_booting and max_alive must be >= 0 (0: no cap)")
         self.concurrency = concurrency
+        self.boot_ahead = concurrency if boot_ahead is None else boot_ahead
         self.config = config if config is not None else SweConfig.from_env()
         self._n_workers = workers
         self._backend = backend
@@ -295,6 +306,7 @@ class WorkerPool:
             self._agent,
             self._limiter,
             self._orphan_ttl,
+            self.boot_ahead,
         )
         return _Worker(index, worker_id, handle, options)
 
@@ -325,7 +337,8 @@ class WorkerPool:
         """A live worker with a free slot (the least loaded), its slot taken."""
         while True:
             live = [w for w in self._workers if w.state == "live"]
-            free = [w for w in live if w.running < self.concurrency]
+            room = self.concurrency + self.boot_ahead
+            free = [w for w in live if w.running < room]
             if free:
                 worker = min(free, key=lambda w: w.running)
                 worker.running += 1

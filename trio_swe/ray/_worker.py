@@ -61,12 +61,13 @@ HEARTBEAT_SEC = 5.0
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
-    """Where a worker runs."""
+    """Where a worker runs, and how many episodes it takes."""
 
     worker_id: str
     node_id: str
     pid: int
-    concurrency: int
+    concurrency: int  #: agents running at once
+    boot_ahead: int = 0  #: episodes booting, waiting for an agent slot or grading beside them
 
 
 class WorkerStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -74,7 +75,7 @@ class WorkerStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
     worker_id: str
     node_id: str
-    running: int
+    running: int  #: episodes here now: booting, waiting for an agent slot, agent, grading
     finished: int
     cancelled: int
     backend: dict[str, Any]
@@ -109,11 +110,12 @@ class _Worker:
         agent: str | AgentFactory | None = None,
         limiter: ActorHandle | None = None,
         orphan_ttl_sec: float | None = DEFAULT_ORPHAN_TTL_SEC,
+        boot_ahead: int = 0,
     ) -> None:
         self._id = worker_id
         self._orphan_ttl = orphan_ttl_sec
         self._config = decode_config(config)
-        self._concurrency = concurrency
+        self._concurrency, self._boot_ahead = concurrency, boot_ahead
         self._backend_spec: str | BackendFactory = backend or self._config.backend
         self._agent_spec = agent
         self._limiter = limiter
@@ -124,6 +126,7 @@ class _Worker:
         self._own_backend: Backend | None = None  # not wrapped: what reaps another's sandboxes
         self._agent: Agent | None = None
         self._slots: trio.CapacityLimiter | None = None
+        self._agents: trio.CapacityLimiter | None = None
         self._batches: dict[str, dict[str, trio.CancelScope]] = {}
         self._running = self._finished = self._cancelled = 0
         self._idle: dict[str, trio.Event] = {}
@@ -161,7 +164,11 @@ class _Worker:
                         ttl: float = await wait_ref(self._limiter.holder_ttl.remote())
                         nursery.start_soon(client.heartbeat_forever, min(HEARTBEAT_SEC, ttl / 4))
                     self._backend, self._agent = backend, agent
-                    self._slots = trio.CapacityLimiter(self._concurrency)
+                    # Episodes here (holding sandboxes), and among them the agents running:
+                    # with no boot ahead the one limiter serves as both (as LocalEpisodes).
+                    self._slots = trio.CapacityLimiter(self._concurrency + self._boot_ahead)
+                    if self._boot_ahead:
+                        self._agents = trio.CapacityLimiter(self._concurrency)
                     assert self._host_ready is not None
                     if not self._host_ready.done():
                         self._host_ready.set_result(None)  # same thread: trio is asyncio's guest
@@ -185,6 +192,7 @@ class _Worker:
             node_id=ray.get_runtime_context().get_node_id(),
             pid=os.getpid(),
             concurrency=self._concurrency,
+            boot_ahead=self._boot_ahead,
         )
         return msgspec.msgpack.encode(info)
 
@@ -246,6 +254,7 @@ class _Worker:
                         config=self._config,
                         episode_id=job.episode_id,
                         sampling_params=job.sampling_params,
+                        agent_slots=self._agents,
                         network=job.network,
                         build_samples=job.build_samples,
                         group_id=job.group_id,
