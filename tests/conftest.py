@@ -124,6 +124,20 @@ def host_pids_with(marker: str) -> list[int]:
     return found
 
 
+async def host_pids_seen(marker: str, within: float = 10.0) -> list[int]:
+    """The pids with ``marker``, waiting up to ``within`` s for one to show.
+
+    For a process just started: ``Popen`` returns once the child's ``execve`` has begun, but
+    its ``/proc/<pid>/cmdline`` reads empty until the kernel has laid out the new arguments,
+    which on a loaded machine can be after the call that started it returned. No event tells
+    when that happens, so this polls ``/proc`` (bounded)."""
+    with trio.move_on_after(within):
+        while not (found := host_pids_with(marker)):  # noqa: ASYNC110 - no event says when
+            await trio.sleep(0.01)
+        return found
+    return host_pids_with(marker)
+
+
 async def host_pids_gone(marker: str, within: float = 10.0) -> list[int]:
     """The pids with ``marker`` still there after ``within`` s (``[]`` as soon as none is).
 

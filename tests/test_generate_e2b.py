@@ -214,8 +214,10 @@ def test_cancelled_generate_leaves_no_sandbox_on_the_server(
             # The agent's sandbox is up and its first policy call is pending (sent while the
             # sandbox booted): cancel now.
             await _wait_for(
-                lambda: servers.call(lambda: servers.policy.statistics().active) > 0
-                and len(servers.live_sandboxes()) == 1,
+                lambda: (
+                    servers.call(lambda: servers.policy.statistics().active) > 0
+                    and len(servers.live_sandboxes()) == 1
+                ),
                 "the first policy call and the agent's sandbox",
             )
             running = servers.live_sandboxes()

@@ -26,7 +26,7 @@ from trio_swe.testing import (
 )
 from trio_swe.testing._envd._multipart import MultipartError, parse_multipart
 
-from ..conftest import host_pids_gone, host_pids_with
+from ..conftest import host_pids_gone, host_pids_seen
 from ._envd_client import Sbx, create, start_body, stream_headers, unary, wait_until
 from ._h2client import H2Client, StreamResult
 
@@ -372,7 +372,7 @@ async def test_server_exit_kills_every_sandbox_and_process(http: httpx.AsyncClie
             # The start event, not an error's end of stream: the process runs.
             assert events, body
             assert events[0].start is not None, events
-            assert host_pids_with(marker)
+            assert await host_pids_seen(marker)
     # Killed and reaped by the server's exit; on a loaded machine the kernel may still be
     # tearing a killed process down (its /proc entry) for a moment after its reap.
     assert await host_pids_gone(marker) == []
