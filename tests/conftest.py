@@ -141,9 +141,10 @@ async def host_pids_seen(marker: str, within: float = 10.0) -> list[int]:
 async def host_pids_gone(marker: str, within: float = 10.0) -> list[int]:
     """The pids with ``marker`` still there after ``within`` s (``[]`` as soon as none is).
 
-    For processes already sent SIGKILL: a killed process runs no more code, but it stays in
-    ``/proc`` with its command line until the kernel has torn it down, which on a loaded
-    machine can be after the call that killed it returned."""
+    For processes killed, or being killed, by the code under test: a killed process runs no
+    more code, but it stays in ``/proc`` with its command line until the kernel has torn it
+    down, which on a loaded machine can be after the call that killed it returned. A process
+    that was never killed outlives ``within`` and is returned."""
     with trio.move_on_after(within):
         for pid in host_pids_with(marker):
             try:

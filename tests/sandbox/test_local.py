@@ -169,7 +169,7 @@ async def test_kill_removes_daemons_mounts_and_state(image: Path, tmp_path: Path
         daemons = await sb.exec(f"pgrep -f '^{marker}-[ab]' | wc -l")
         assert daemons.output.strip() == "2"
         assert len(host_pids_with(marker)) == 2
-    assert host_pids_with(marker) == []
+    assert await host_pids_gone(marker) == []
     assert host_mounts_with(str(state)) == []
     assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
     with pytest.raises(SandboxNotRunningError):
@@ -208,7 +208,7 @@ async def test_keyboard_interrupt_kills_sandbox(image: Path, tmp_path: Path) -> 
             )
             assert len(host_pids_with(marker)) == 1
             raise KeyboardInterrupt
-    assert host_pids_with(marker) == []
+    assert await host_pids_gone(marker) == []
     assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
 
 
@@ -222,8 +222,8 @@ async def test_cancellation_at_random_points_leaves_nothing(image: Path, tmp_pat
             async with open_sandbox(backend, str(image)) as sb:
                 await sb.exec(f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &")
                 await sb.exec(f"sleep 1000; : {marker}")
-    assert host_pids_with(marker) == []
-    assert host_pids_with(str(state)) == []
+    assert await host_pids_gone(marker) == []
+    assert await host_pids_gone(str(state)) == []
     assert host_mounts_with(str(state)) == []
     assert [p.name for p in state.iterdir() if p.name.startswith("sb-")] == []
     stats = backend.statistics()
@@ -314,7 +314,7 @@ async def test_sandbox_dies_with_its_owner_process(image: Path, tmp_path: Path) 
         await owner.wait()
         if owner.stdout is not None:
             await owner.stdout.aclose()
-    assert host_pids_with(marker) == []
+    assert await host_pids_gone(marker) == []
 
 
 async def test_start_process_streams_and_forgets_closed_processes(image: Path) -> None:

@@ -13,7 +13,7 @@ from trio_swe import open_sandbox
 from trio_swe.sandbox.local import LocalBackend
 from trio_swe.sandbox.local._backend import _outermost, _venv_base
 
-from ..conftest import host_pids_with
+from ..conftest import host_pids_gone
 
 _PROBE = ".trio_swe_probe-"
 
@@ -84,7 +84,7 @@ async def test_root_home_is_writable_private_and_removed_with_the_sandbox(
             timeout=30,
         )
         assert started.output == "up\n"
-    assert host_pids_with(marker) == []
+    assert await host_pids_gone(marker) == []
     await backend.aclose()  # the state directories' removal runs in the background
     # Only what the backend shares between sandboxes remains (image checkouts, passwd/group).
     assert {p.name for p in state.iterdir()} <= {"trash", "images", "shared"}
