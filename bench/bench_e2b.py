@@ -312,7 +312,7 @@ def bench_record(info: dict[str, str]) -> None:
     got = [_run_child(info, "record", "seq") for _ in range(runs)]
 
     def med(key: str) -> float:
-        return statistics.median(g[key] for g in got)
+        return float(statistics.median(g[key] for g in got))
 
     print(
         f'(c) plain exec("true"), sequential, {RECORD_BLOCKS}x{RECORD_BLOCK} calls per kind '

@@ -37,7 +37,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from functools import partial
 from importlib.resources import files
@@ -49,7 +49,7 @@ import trio
 from trio_swe.gateway import open_gateway
 from trio_swe.gateway._server import trim_memory
 from trio_swe.models import load_tokenizer
-from trio_swe.policy import SGLangPolicy
+from trio_swe.policy import PolicyOutput, SGLangPolicy
 
 TURNS = int(os.environ.get("BENCH_GATEWAY_LOAD_TURNS", "200"))
 FORK_TURNS = int(os.environ.get("BENCH_GATEWAY_LOAD_FORK_TURNS", "100"))
@@ -144,10 +144,16 @@ class _Marking:
         self.peak: _Peak | None = None
         self.before = 0  # the peak growth before the last call
 
-    async def generate(self, ids: Any, params: Any, **kwargs: Any) -> Any:
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        sampling_params: Mapping[str, Any],
+        *,
+        session_id: str | None = None,
+    ) -> PolicyOutput:
         if self.peak is not None:
             self.before = max(self.peak.peak, _rss()) - self.peak.base
-        return await self.policy.generate(ids, params, **kwargs)
+        return await self.policy.generate(input_ids, sampling_params, session_id=session_id)
 
 
 def _held(handle: Any) -> int:
