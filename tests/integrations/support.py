@@ -3,16 +3,26 @@ against the engine's replies, and the re-score of its trained tokens."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 from trio_swe.config import SweConfig, replace_option
+from trio_swe.sandbox import Backend
 from trio_swe.testing._rescore import RescoreRequest, rescore
 
 from ..engine.test_vllm_policy import RESCORE_TOLERANCE
 from ..test_episode_support import demo_config
 
-__all__ = ["RESCORE_TOLERANCE", "Call", "check_row", "rescore_worst", "swe_config"]
+__all__ = [
+    "RESCORE_TOLERANCE",
+    "Call",
+    "check_row",
+    "rescore_worst",
+    "sandboxes_live",
+    "swe_config",
+]
 
 #: One engine call as the trainer's handle saw it: prompt ids, output ids, their log-probs.
 Call = tuple[list[int], list[int], list[float]]
@@ -25,6 +35,19 @@ def swe_config(checkpoint: Path, *, max_new_tokens: int = 48) -> SweConfig:
     config = demo_config(agent_time_budget_sec=300.0, max_turns=3, ill_formed_policy="train")
     config = replace_option(config, "bash.tokenizer", str(checkpoint))
     return replace_option(config, "policy.max_new_tokens", max_new_tokens)
+
+
+async def sandboxes_live(backend: Backend, n: int = 1, timeout: float = 120.0) -> None:
+    """Wait (from asyncio) until ``backend`` holds at least ``n`` live sandboxes.
+
+    An episode sends its agent's first policy call while its sandbox boots, so a trainer's
+    handle being called says nothing about the sandbox. The backend runs in trio's thread and
+    signals nothing across, so this polls its statistics (bounded)."""
+    deadline = time.monotonic() + timeout
+    while backend.statistics().live < n:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {n} live sandboxes within {timeout} s")
+        await asyncio.sleep(0.02)
 
 
 def check_row(

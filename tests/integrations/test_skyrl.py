@@ -33,7 +33,14 @@ from transformers import AutoTokenizer
 from trio_swe.testing._engine import MODEL_NAME, VLLMEngine
 
 from ..test_episode_support import assert_nothing_left, build_demo
-from .support import RESCORE_TOLERANCE, Call, check_row, rescore_worst, swe_config
+from .support import (
+    RESCORE_TOLERANCE,
+    Call,
+    check_row,
+    rescore_worst,
+    sandboxes_live,
+    swe_config,
+)
 
 #: SkyRL's sampling parameters in vLLM's names (generator.sampling_params for vLLM).
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "logprobs": 0}
@@ -181,8 +188,10 @@ def test_cancelling_the_generator_leaves_no_sandbox(checkpoint: Path, tmp_path: 
             client, tokenizer, swe_config=swe_config(checkpoint), backend=backend
         )
         task = asyncio.ensure_future(generator.generate(batch(rows)))
-        await client.called.wait()  # a sandbox is up, its agent waits for a turn
-        assert backend.statistics().live >= 1
+        # An agent's first turn waits on the engine (sent while its sandbox booted), and a
+        # sandbox is up: cancel now.
+        await client.called.wait()
+        await sandboxes_live(backend)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

@@ -39,7 +39,14 @@ from trio_swe.sandbox.local import LocalBackend
 from trio_swe.testing._engine import MODEL_NAME, VLLMEngine
 
 from ..test_episode_support import assert_nothing_left, build_demo
-from .support import RESCORE_TOLERANCE, Call, check_row, rescore_worst, swe_config
+from .support import (
+    RESCORE_TOLERANCE,
+    Call,
+    check_row,
+    rescore_worst,
+    sandboxes_live,
+    swe_config,
+)
 
 #: verl's sampling parameters for a training rollout (AgentLoopWorker.generate_sequences).
 SAMPLING = {
@@ -209,7 +216,10 @@ def test_cancelling_the_agent_loop_leaves_no_sandbox(checkpoint: Path, tmp_path:
         client = StuckClient(trainer_config(checkpoint))
         loop = build_loop(checkpoint, client, config, backend)
         task = asyncio.ensure_future(loop.run(dict(SAMPLING), **verl_row(demo.rows[0])))
-        await client.called.wait()  # the sandbox is up, the agent waits for its first turn
+        # The agent's first turn waits on the engine (sent while the sandbox booted), and the
+        # sandbox is up: cancel now.
+        await client.called.wait()
+        await sandboxes_live(backend)
         assert backend.statistics().live == 1
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
