@@ -96,7 +96,8 @@ async def _collect(proc: _PipedProcess) -> tuple[bytes, list[int]]:
 
 @pytest.mark.parametrize("size", [16, 48 * 1024], ids=["small", "more-than-a-read"])
 async def test_output_in_the_pipes_at_exit_reaches_the_stream(size: int) -> None:
-    # The exec of issue "execloss": exit code 71 arrived, its output did not, unflagged.
+    # As call 158 of test_plain_exec_keeps_exit_codes_under_faults[mixed] under load: exit
+    # code 71 arrived, its output did not, and nothing said so.
     output = b"x" * (size - 4) + b"end\n"
     got, codes = await _collect(_PipedProcess(output, 71))
     assert codes == [71]
