@@ -9,6 +9,7 @@ learns the exit code.
 from __future__ import annotations
 
 import math
+import os
 import signal as _signal
 from collections.abc import Mapping
 from typing import Protocol
@@ -18,8 +19,12 @@ import trio
 from ...sandbox.e2b._wire import DataEvent, EndEvent, ProcessConfig, ProcessEvent, ProcessInfo
 
 _READ_CHUNK = 32 * 1024
-#: After the main process exits, how long to keep draining output that is still in the pipes.
+#: After the main process exits, how long to wait for the pipes' end (background children may
+#: hold them open); what is in them then is read all the same.
 _DRAIN_GRACE_SEC = 0.5
+#: At most this much of what is in a pipe at the end of the grace is read (a pipe holds 64 KiB
+#: unless enlarged; a background child that keeps writing must not keep the end back).
+_DRAIN_NOW_MAX = 1 << 20
 
 
 class StreamingProcess(Protocol):
@@ -127,11 +132,20 @@ class ProcessTable:
     Args:
         nursery: the sandbox's nursery; output pumps and retention timers run there.
         retention_sec: how long the end event of a finished process stays available.
+        drain_grace_sec: after a process exits, how long its pipes are waited on for their end
+            (background children may hold them open).
     """
 
-    def __init__(self, nursery: trio.Nursery, *, retention_sec: float) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        *,
+        retention_sec: float,
+        drain_grace_sec: float = _DRAIN_GRACE_SEC,
+    ) -> None:
         self._nursery = nursery
         self._retention = retention_sec
+        self._drain_grace = drain_grace_sec
         self._by_pid: dict[int, ProcessRecord] = {}
         self._by_tag: dict[str, ProcessRecord] = {}
         self.started = 0
@@ -209,11 +223,7 @@ class ProcessTable:
                 chunk = await stream.receive_some(_READ_CHUNK)
                 if not chunk:
                     return
-                if record.gone:
-                    continue
-                raw = bytes(chunk)
-                data = DataEvent(stdout=raw) if which == "stdout" else DataEvent(stderr=raw)
-                record._broadcast(ProcessEvent(data=data))
+                _deliver(record, which, bytes(chunk))
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return
 
@@ -225,7 +235,14 @@ class ProcessTable:
                 pumps.start_soon(self._pump, record, proc.stderr, "stderr")
                 returncode = await proc.wait()
                 # Background children may hold the pipes open; do not wait for them forever.
-                pumps.cancel_scope.deadline = trio.current_time() + _DRAIN_GRACE_SEC
+                pumps.cancel_scope.deadline = trio.current_time() + self._drain_grace
+            if pumps.cancel_scope.cancelled_caught:
+                # The grace is the clock's: a starved loop spends it before a pump had its turn
+                # (a pump checkpoints before it reads), with the output still in the pipe. envd's
+                # readers run beside the process and have it: read what is there, without waiting.
+                for stream, which in ((proc.stdout, "stdout"), (proc.stderr, "stderr")):
+                    for chunk in _read_now(stream):
+                        _deliver(record, which, chunk)
         finally:
             with trio.CancelScope(shield=True):
                 await proc.aclose()
@@ -239,6 +256,34 @@ class ProcessTable:
             del self._by_pid[record.pid]
         if record.tag is not None and self._by_tag.get(record.tag) is record:
             del self._by_tag[record.tag]
+
+
+def _deliver(record: ProcessRecord, which: str, raw: bytes) -> None:
+    """Send one chunk of output to the attached streams (none once the sandbox is gone)."""
+    if record.gone:
+        return
+    data = DataEvent(stdout=raw) if which == "stdout" else DataEvent(stderr=raw)
+    record._broadcast(ProcessEvent(data=data))
+
+
+def _read_now(stream: trio.abc.ReceiveStream | None) -> list[bytes]:
+    """What a pipe holds right now, up to :data:`_DRAIN_NOW_MAX` bytes, read without waiting
+    (a pipe's fd is non-blocking); nothing for a stream that is no pipe."""
+    fileno = getattr(stream, "fileno", None)
+    if fileno is None:
+        return []
+    chunks: list[bytes] = []
+    left = _DRAIN_NOW_MAX
+    while left > 0:
+        try:
+            chunk = os.read(fileno(), min(_READ_CHUNK, left))
+        except OSError:  # BlockingIOError: empty (a background child holds it open)
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return chunks
 
 
 def _kill(record: ProcessRecord) -> None:
