@@ -6,8 +6,9 @@ a body without end event), the command keeps running in the sandbox (envd does n
 ``process.Process/Connect`` by tag re-attaches and gets the rest of the output and the exit code
 (envd keeps it 30 s after exit). A ``Start`` is sent again only when the command provably did not
 start: the request never reached the server, or the server answered with an error and then knew
-no process by our tag. Output emitted while detached is lost (envd does not replay), so a
-re-attached result is marked ``output_truncated``.
+no process by our tag; or when the call is idempotent and envd no longer knows its process (then
+it runs again from the start, and only that run's output is returned). Output emitted while
+detached is lost (envd does not replay), so a re-attached result is marked ``output_truncated``.
 """
 
 from __future__ import annotations
@@ -89,6 +90,11 @@ class _Output:
             del self.buf[: len(self.buf) - self.limit]
             self.truncated = True
 
+    def clear(self) -> None:
+        """Forget everything so far (a new run of the command starts)."""
+        self.buf.clear()
+        self.truncated = False
+
     def text(self) -> str:
         if len(self.buf) > self.limit:
             del self.buf[: len(self.buf) - self.limit]
@@ -100,7 +106,8 @@ class _Run:
     """One exec call's state across its attempts.
 
     ``nonce`` is set for a recorded call (see :meth:`E2BSandbox._settle`); ``tag`` changes only
-    when a fenced Start is replaced by a new one under a new nonce.
+    when a fenced Start is replaced by a new one under a new nonce, or an idempotent call whose
+    process envd forgot runs again.
     """
 
     __slots__ = ("end", "nonce", "nonces", "pid", "reattached", "tag", "user")
@@ -124,7 +131,8 @@ class E2BSandboxStatistics(SandboxStatistics, frozen=True, kw_only=True):
 
     Attributes:
         rpcs: envd RPCs sent (every attempt counts).
-        retries: envd calls of this sandbox retried after a transient failure.
+        retries: envd calls of this sandbox retried after a transient failure (an idempotent
+            exec run again because envd forgot its process counts too).
         reattaches: command streams re-attached (``Connect``) after a cut.
         resets: connection pool resets after protocol errors.
         settles: plain exec records consulted after envd knew no process by a call's tag.
@@ -344,8 +352,9 @@ class E2BSandbox(SandboxBase):
             if run.end is not None:
                 return run.end  # read from the call's record (``_settle``)
             if run.tag != tag:
-                # The record of the last Start was fenced: it never runs. A new Start under a
-                # new nonce, with what is left of the timeout (envd's kill deadline).
+                # The record of the last Start was fenced (it never runs), or an idempotent
+                # call's process was lost: a new Start under a new tag, with what is left of
+                # the timeout (envd's kill deadline).
                 tag = run.tag
                 if timeout_ms is not None:
                     left = not_after - _DEADLINE_GRACE - trio.current_time()
@@ -409,6 +418,7 @@ class E2BSandbox(SandboxBase):
                         progressed=progressed,
                         idempotent=idempotent,
                         run=run,
+                        out=out,
                         timeout_ms=timeout_ms,
                     )
                     continue
@@ -427,6 +437,7 @@ class E2BSandbox(SandboxBase):
         progressed: bool,
         idempotent: bool,
         run: _Run,
+        out: _Output,
         timeout_ms: int | None,
     ) -> tuple[str, bool, int]:
         """What a failed attempt of :meth:`_drive` means: raise, or back off and return the
@@ -443,8 +454,19 @@ class E2BSandbox(SandboxBase):
             if exc.code == "not_found" and mode in ("probe", "attach") and run.nonce is not None:
                 # envd knows no process by our tag: the call's record tells what happened.
                 mode = await self._settle(exc, mode, run)
+            elif exc.code == "not_found" and mode == "attach" and idempotent:
+                # It ran and ended long enough ago for envd to forget it (its retention): the
+                # exit code is gone. Replay-safe, so it runs again from the start, under a new
+                # tag, keeping none of the lost run's output (a retry).
+                new = secrets.token_hex(16)
+                run.tag = f"trio-swe-{new}"
+                run.pid = None
+                run.reattached = False
+                out.clear()
+                mode = "start"
             elif exc.code == "not_found" and mode in ("probe", "attach"):
                 if mode == "attach":
+                    # Not replay-safe: never run twice (such a call has a record, above).
                     raise await self._infra_error(exc, "re-attach (process lost)") from exc
                 # No process carries our tag: the Start did not run it.
                 if not (probe_is_proof or idempotent):
