@@ -29,7 +29,9 @@ def tool(name: str) -> str:
 @nox.session(python=False)
 def tests(session: nox.Session) -> None:
     """The default test run (the README's test command)."""
-    args = session.posargs or ["-q", "-n", "2", "--maxfail=20"]
+    # worksteal: an idle worker takes queued tests from a busy one (a long test near the end
+    # no longer leaves one worker idle behind the other).
+    args = session.posargs or ["-q", "-n", "2", "--dist", "worksteal", "--maxfail=20"]
     session.run(PYTHON, "-m", "pytest", *args)
 
 

@@ -105,30 +105,34 @@ async def test_run_selects_rows_of_a_parquet_file_and_exports_parquet(tmp_path: 
     # Scale-SWE rows under the swebench protocol end at once as `unevaluable` (no sandbox), so
     # the results file says which rows the selection ran.
     base = ("run", "rows.parquet", "--protocol", "swebench", "--no-progress")
-    rc, out = await _cli(
-        *base, "--filter", "^demo__(calc|fizz|leap)", "--out", "a.msgpack", cwd=tmp_path
-    )
-    assert rc == 1, out
+    runs = {
+        "a": ("--filter", "^demo__(calc|fizz|leap)", "--out", "a.msgpack"),
+        "b": ("--instance-ids", f"{ids[3]},{ids[1]}", "--out", "b.msgpack"),
+        "c": ("--shuffle", "3", "--slice", "1:4", "--out", "c.msgpack"),
+        "d": ("--shuffle", "3", "--slice", "1:4", "--out", "d.msgpack"),
+        "none": ("--filter", "^nothing"),
+    }
+    done: dict[str, tuple[int, str]] = {}
+
+    async def one(name: str) -> None:
+        done[name] = await _cli(*base, *runs[name], cwd=tmp_path)
+
+    # Independent runs (each its own results file): at once, as a loaded machine's CPU allows.
+    async with trio.open_nursery() as nursery:
+        for name in runs:
+            nursery.start_soon(one, name)
+    for name in ("a", "b", "c", "d"):
+        assert done[name][0] == 1, done[name][1]
     assert sorted(r.instance_id for r in read_results(tmp_path / "a.msgpack")[0]) == [
         "demo__calc-1", "demo__fizz-1", "demo__leap-1",
     ]  # fmt: skip
-    rc, out = await _cli(
-        *base, "--instance-ids", f"{ids[3]},{ids[1]}", "--out", "b.msgpack", cwd=tmp_path
-    )
-    assert rc == 1, out
     assert sorted(r.instance_id for r in read_results(tmp_path / "b.msgpack")[0]) == [
         ids[1], ids[3],
     ]  # fmt: skip
-    picked = []
-    for name in ("c", "d"):
-        rc, out = await _cli(
-            *base, "--shuffle", "3", "--slice", "1:4", "--out", f"{name}.msgpack", cwd=tmp_path
-        )
-        assert rc == 1, out
-        picked.append([r.instance_id for r in read_results(tmp_path / f"{name}.msgpack")[0]])
+    picked = [[r.instance_id for r in read_results(tmp_path / f"{n}.msgpack")[0]] for n in "cd"]
     assert len(picked[0]) == 3
     assert sorted(picked[0]) == sorted(picked[1])  # the same seed, the same sample
-    rc, out = await _cli(*base, "--filter", "^nothing", cwd=tmp_path)
+    rc, out = done["none"]
     assert rc == 2, out
     assert "the selection leaves none of the 8 rows" in out
     # Exports as Parquet beside JSONL: the same rows.
