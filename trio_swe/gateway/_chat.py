@@ -17,7 +17,9 @@ from typing import Any
 from ._common import (
     ApiError,
     Conversation,
+    MemoUse,
     Message,
+    ParseMemo,
     Reply,
     decode_json_object,
     function_tool,
@@ -114,8 +116,16 @@ def parse_message(raw: Any, where: str) -> Message:
     raise ApiError(400, "invalid_request", f"{where}.role: unknown role {role!r}")
 
 
-def parse_request(body: bytes | bytearray) -> Conversation:
+def parse_request(
+    body: bytes | bytearray, memo: ParseMemo | None = None, *, remember: bool = True
+) -> Conversation:
     """Parse a Chat Completions request body.
+
+    Args:
+        body: the request body.
+        memo: the session's parse memo: the messages (and tools) resent as they were in its
+            previous request of this kind give its parse again.
+        remember: keep this parse in ``memo`` for the next request (False: only read it).
 
     Raises:
         ApiError: malformed JSON or a field of the wrong type (400).
@@ -124,22 +134,29 @@ def parse_request(body: bytes | bytearray) -> Conversation:
     raw_messages = data.get("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise ApiError(400, "invalid_request", "messages: a non-empty list is required")
-    messages = [parse_message(m, f"messages.{i}") for i, m in enumerate(raw_messages)]
-    tools, dropped = parse_tools(data.get("tools"))
+    use = MemoUse(memo, ("chat", bool(data.get("tools"))), remember=remember)
+    messages = list(use.messages(raw_messages, _parse_one))
+    tools, dropped = use.field("tools", data.get("tools"), parse_tools)
     options = data.get("stream_options") or {}
     cap = positive_int(data.get("max_completion_tokens"), "max_completion_tokens")
     if cap is None:
         cap = positive_int(data.get("max_tokens"), "max_tokens")
-    return Conversation(
+    conv = Conversation(
         api="chat",
         model=str(data.get("model", "")),
         messages=messages,
-        tools=tools,
+        tools=list(tools),
         stream=data.get("stream") is True,
         max_tokens=cap,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
         dropped_tools=dropped,
     )
+    use.done()
+    return conv
+
+
+def _parse_one(i: int, raw: Any) -> tuple[Message]:
+    return (parse_message(raw, f"messages.{i}"),)
 
 
 def parse_tools(raw: Any) -> tuple[list[dict[str, Any]], int]:

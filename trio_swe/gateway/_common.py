@@ -9,14 +9,22 @@ so the session can recognise it without comparing text.
 
 A reply is a :class:`Reply`: the parsed output with the ids we give its parts, which each API's
 module turns into its own JSON or SSE events.
+
+A CLI agent resends its whole history with every request. A session's :class:`ParseMemo` keeps
+what its previous request parsed to, so that each API's ``parse_request`` parses only the
+messages that are new (or changed): the others give the very :class:`Message` objects they gave
+before, which is also what lets the session match them against its transcripts by identity.
+Messages are therefore never changed once parsed (the struct is frozen).
 """
 
 from __future__ import annotations
 
 import json
+import operator
 import re
 import secrets
-from collections.abc import Iterator
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from itertools import compress, count
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -27,6 +35,7 @@ __all__ = [
     "ApiError",
     "Conversation",
     "Message",
+    "ParseMemo",
     "Reply",
     "ReplyToolCall",
     "new_ref",
@@ -57,8 +66,12 @@ class ApiError(Exception):
         self.message = message
 
 
-class Message(msgspec.Struct, kw_only=True):
+class Message(msgspec.Struct, kw_only=True, frozen=True):
     """One chat-template message, plus what identifies it as ours.
+
+    Frozen: a session's :class:`ParseMemo` hands the same message to every later request that
+    resends it, and the session's transcripts hold it (its ``tool_calls`` list and the
+    arguments in it are not to be changed either).
 
     Attributes:
         role: ``system``, ``user``, ``assistant`` or ``tool``.
@@ -115,6 +128,163 @@ class Conversation(msgspec.Struct, kw_only=True):
     max_tokens: int | None = None
     include_usage: bool = False
     dropped_tools: int = 0
+
+
+class _Slot:
+    """The parse of one kind of request: its units, what they gave, fields computed whole."""
+
+    __slots__ = ("ends", "fields", "messages", "raws")
+
+    def __init__(self) -> None:
+        #: The request's units as decoded: its messages (Responses: its input items). A unit
+        #: reused from the request before is that request's object (its strings are the ones
+        #: its messages hold), not the equal one decoded now.
+        self.raws: list[Any] = []
+        #: What the units parsed to, in order (a unit gives none, one or several messages).
+        self.messages: list[Message] = []
+        #: Per unit, ``len(messages)`` once it was parsed; -1 where it leaves an assistant turn
+        #: open (Responses: the next item may still add to that message).
+        self.ends: list[int] = []
+        #: Values computed from one field of the request each: name -> (raw, value).
+        self.fields: dict[str, tuple[Any, Any]] = {}
+
+
+class ParseMemo:
+    """A session's memo of its requests' parses (sans-IO; each API's ``parse_request`` takes
+    it), so that a request resending a history parses only what is new: the work per request
+    is in proportion to its new messages, the rest being C-level comparisons.
+
+    Kept per *kind* of request, the ``slots`` most recent kinds (``(api, has tools)``: the side
+    requests a CLI sends beside its main chain, without tools, keep their own and do not evict
+    the chain's). Each kind's slot holds the previous request's raw messages as decoded and the
+    :class:`Message` objects each gave, and the system prompt and tools it computed from the
+    whole request. A raw message equal (``==``, a deep comparison of the decoded JSON in C) to
+    the one at its index in the previous request gives that request's messages again, the same
+    objects; any other is parsed (a rewritten message is never taken for the old one).
+
+    ``==`` on decoded JSON does not tell ``1``, ``1.0`` and ``true`` apart, nor the key orders of
+    an object: a client that resent a message changing only that (none does: each stores its
+    history and serialises it the same way) would get its earlier parse. The session's matching
+    treats those as the same message too (:func:`~trio_swe.gateway._session._args_match`).
+
+    Memory: the raw messages' strings are mostly the very strings of the messages they gave
+    (text of one part, tool results, arguments), held by the session's transcripts anyway; the
+    memo adds the decoded dicts and lists around them (about as many bytes as the history's
+    JSON). :meth:`clear` drops it (a finished session).
+
+    Attributes:
+        parsed: raw messages (Responses: input items) parsed, over the memo's life.
+        reused: raw messages whose previous parse was reused.
+    """
+
+    def __init__(self, slots: int = 2) -> None:
+        self.slots = slots
+        self._slots: dict[Hashable, _Slot] = {}
+        self.parsed = 0
+        self.reused = 0
+
+    def __len__(self) -> int:
+        """How many kinds of request it holds a parse of."""
+        return len(self._slots)
+
+    def clear(self) -> None:
+        """Drop every parse held (the counters stay)."""
+        self._slots.clear()
+
+    def _get(self, key: Hashable) -> _Slot | None:
+        return self._slots.get(key)
+
+    def _put(self, key: Hashable, slot: _Slot) -> None:
+        self._slots.pop(key, None)
+        self._slots[key] = slot
+        while len(self._slots) > self.slots:
+            del self._slots[next(iter(self._slots))]  # the kind least recently parsed
+
+
+def _common_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
+    """How many leading items of ``new`` equal ``old``'s, compared in C (no Python loop)."""
+    return next(compress(count(), map(operator.ne, new, old)), min(len(new), len(old)))
+
+
+class MemoUse:
+    """One request's parse through a session's :class:`ParseMemo` (or none): look-ups in the
+    slot of its kind, and the slot it leaves there once it parsed whole (:meth:`done`; a
+    request that fails to parse changes nothing).
+
+    Args:
+        memo: the session's memo, or None (everything is parsed).
+        key: the request's kind.
+        remember: keep this request's parse for the next one (False: a request that does not
+            continue the conversation, e.g. ``count_tokens``, only reads the memo).
+    """
+
+    def __init__(self, memo: ParseMemo | None, key: Hashable, *, remember: bool = True) -> None:
+        self._memo = memo
+        self._key = key
+        self._remember = remember
+        self._old = memo._get(key) if memo is not None else None
+        self.new = _Slot()
+        self.parsed = 0
+        self.reused = 0
+
+    def field(self, name: str, raw: Any, compute: Callable[[Any], Any]) -> Any:
+        """``compute(raw)``, or the value computed last time from an equal ``raw``."""
+        old = self._old.fields.get(name) if self._old is not None else None
+        if old is not None and old[0] == raw:
+            raw, value = old
+        else:
+            value = compute(raw)
+        self.new.fields[name] = (raw, value)
+        return value
+
+    def prefix(self, raws: Sequence[Any]) -> int:
+        """Start :attr:`new` with the longest run of leading units equal to the previous
+        request's that ends where no assistant turn is open; return its length."""
+        old = self._old
+        if old is None:
+            return 0
+        k = _common_prefix(raws, old.raws)
+        while k and old.ends[k - 1] < 0:
+            k -= 1
+        if k:
+            self.new.raws = old.raws[:k]
+            self.new.ends = old.ends[:k]
+            self.new.messages = old.messages[: old.ends[k - 1]]
+            self.reused += k
+        return k
+
+    def messages(
+        self, raws: Sequence[Any], parse: Callable[[int, Any], Sequence[Message]]
+    ) -> list[Message]:
+        """The messages of ``raws``, units parsed on their own (``parse(index, raw)``): each
+        equal to the previous request's unit at its index gives that unit's messages again.
+        The list returned is the memo's: copy it."""
+        k = self.prefix(raws)
+        old, new = self._old, self.new
+        out, kept, ends = new.messages, new.raws, new.ends
+        n_old = len(old.raws) if old is not None else 0
+        for i in range(k, len(raws)):
+            raw = raws[i]
+            if i < n_old and old is not None and raw == old.raws[i]:  # after an edited one
+                raw = old.raws[i]
+                out.extend(old.messages[old.ends[i - 1] if i else 0 : old.ends[i]])
+                self.reused += 1
+            else:
+                out.extend(parse(i, raw))
+                self.parsed += 1
+            kept.append(raw)
+            ends.append(len(out))
+        return out
+
+    def done(self) -> None:
+        """The request parsed whole: count it, and keep its parse for the next of its kind."""
+        memo = self._memo
+        if memo is None:
+            return
+        memo.parsed += self.parsed
+        memo.reused += self.reused
+        if self._remember:
+            memo._put(self._key, self.new)
 
 
 class ReplyToolCall(msgspec.Struct, frozen=True):
