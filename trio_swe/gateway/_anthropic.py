@@ -17,12 +17,12 @@ from ._common import (
     REF_PREFIX,
     ApiError,
     Conversation,
-    MemoUse,
     Message,
     ParseMemo,
+    Reader,
     Reply,
-    decode_json_object,
     function_tool,
+    parse_with,
     positive_int,
     ref_of_id,
     sse,
@@ -99,33 +99,32 @@ def parse_request(
     Raises:
         ApiError: malformed JSON or a field of the wrong type (400).
     """
-    data = decode_json_object(body)
-    raw_messages = data.get("messages")
+    return parse_with(_parse, body, "anthropic", memo, remember)
+
+
+def _parse(req: Reader) -> Conversation:
+    raw_messages = req.units("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise ApiError(400, "invalid_request", "messages: a non-empty list is required")
-    use = MemoUse(memo, ("anthropic", bool(data.get("tools"))), remember=remember)
-    messages: list[Message] = []
-    system = data.get("system")
-    if system:
-        head = use.field("system", system, _system)
-        if head is not None:
-            messages.append(head)
-    messages += use.messages(raw_messages, _parse_one)
-    tools, dropped = use.field("tools", data.get("tools"), _tools)
+    system = req.field("system", _system)
+    messages = ([system] if system is not None else []) + req.messages(raw_messages, _parse_one)
+    tools, dropped = req.field("tools", _tools)
     conv = Conversation(
         api="anthropic",
-        model=str(data.get("model", "")),
+        model=str(req.get("model", "")),
         messages=messages,
         tools=list(tools),
-        stream=data.get("stream") is True,
-        max_tokens=positive_int(data.get("max_tokens"), "max_tokens"),
+        stream=req.get("stream") is True,
+        max_tokens=positive_int(req.get("max_tokens"), "max_tokens"),
         dropped_tools=dropped,
     )
-    use.done()
+    req.done()
     return conv
 
 
 def _system(system: Any) -> Message | None:
+    if not system:
+        return None
     text = text_of([b for b in _blocks(system) if not _billing_header(b)])
     return Message(role="system", content=text) if text else None
 

@@ -17,13 +17,13 @@ from typing import Any
 from ._common import (
     ApiError,
     Conversation,
-    MemoUse,
     Message,
     ParseMemo,
+    Reader,
     Reply,
-    decode_json_object,
     function_tool,
     parse_arguments,
+    parse_with,
     positive_int,
     ref_of_id,
     sse,
@@ -130,28 +130,30 @@ def parse_request(
     Raises:
         ApiError: malformed JSON or a field of the wrong type (400).
     """
-    data = decode_json_object(body)
-    raw_messages = data.get("messages")
+    return parse_with(_parse, body, "chat", memo, remember)
+
+
+def _parse(req: Reader) -> Conversation:
+    raw_messages = req.units("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise ApiError(400, "invalid_request", "messages: a non-empty list is required")
-    use = MemoUse(memo, ("chat", bool(data.get("tools"))), remember=remember)
-    messages = list(use.messages(raw_messages, _parse_one))
-    tools, dropped = use.field("tools", data.get("tools"), parse_tools)
-    options = data.get("stream_options") or {}
-    cap = positive_int(data.get("max_completion_tokens"), "max_completion_tokens")
+    messages = list(req.messages(raw_messages, _parse_one))
+    tools, dropped = req.field("tools", parse_tools)
+    options = req.get("stream_options") or {}
+    cap = positive_int(req.get("max_completion_tokens"), "max_completion_tokens")
     if cap is None:
-        cap = positive_int(data.get("max_tokens"), "max_tokens")
+        cap = positive_int(req.get("max_tokens"), "max_tokens")
     conv = Conversation(
         api="chat",
-        model=str(data.get("model", "")),
+        model=str(req.get("model", "")),
         messages=messages,
         tools=list(tools),
-        stream=data.get("stream") is True,
+        stream=req.get("stream") is True,
         max_tokens=cap,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
         dropped_tools=dropped,
     )
-    use.done()
+    req.done()
     return conv
 
 

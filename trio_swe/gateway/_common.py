@@ -19,6 +19,7 @@ Messages are therefore never changed once parsed (the struct is frozen).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import operator
 import re
@@ -130,51 +131,95 @@ class Conversation(msgspec.Struct, kw_only=True):
     dropped_tools: int = 0
 
 
+#: A message (or field) of a request of up to this many bytes of JSON is kept by the parse
+#: memo as those bytes; a bigger one as a digest of them (not a second copy of a big tool
+#: result), which a resent one is then hashed again to match.
+MEMO_COPY_BYTES = 64 * 1024
+
+#: The JSON of a value a request's ``tools`` may be without tools (the memo's kind of request).
+_NO_TOOLS = frozenset((b"null", b"[]", b"{}", b'""', b"false", b"0"))
+
+
+class _Digest:
+    """What the memo keeps of a big span of JSON: equal to a span of the same bytes."""
+
+    __slots__ = ("digest", "size")
+
+    def __init__(self, raw: msgspec.Raw) -> None:
+        self.size = len(raw)
+        self.digest = _digest(raw)
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, msgspec.Raw)
+            and len(other) == self.size
+            and _digest(other) == self.digest
+        )
+
+    def __ne__(self, other: object) -> bool:
+        return not self.__eq__(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _digest(raw: msgspec.Raw) -> bytes:
+    return hashlib.blake2b(memoryview(raw), digest_size=20).digest()
+
+
+def _kept(raw: msgspec.Raw) -> msgspec.Raw | _Digest:
+    """What the memo keeps of a span of the body: its bytes (a copy: the body is not held),
+    or a digest of a big one."""
+    return raw.copy() if len(raw) <= MEMO_COPY_BYTES else _Digest(raw)
+
+
 class _Slot:
     """The parse of one kind of request: its units, what they gave, fields computed whole."""
 
     __slots__ = ("ends", "fields", "messages", "raws")
 
     def __init__(self) -> None:
-        #: The request's units as decoded: its messages (Responses: its input items). A unit
-        #: reused from the request before is that request's object (its strings are the ones
-        #: its messages hold), not the equal one decoded now.
+        #: The request's units (its messages; Responses: its input items) as their JSON.
         self.raws: list[Any] = []
         #: What the units parsed to, in order (a unit gives none, one or several messages).
         self.messages: list[Message] = []
         #: Per unit, ``len(messages)`` once it was parsed; -1 where it leaves an assistant turn
         #: open (Responses: the next item may still add to that message).
         self.ends: list[int] = []
-        #: Values computed from one field of the request each: name -> (raw, value).
+        #: Values computed from one field of the request each: name -> (its JSON, value).
         self.fields: dict[str, tuple[Any, Any]] = {}
 
 
 class ParseMemo:
     """A session's memo of its requests' parses (sans-IO; each API's ``parse_request`` takes
-    it), so that a request resending a history parses only what is new: the work per request
-    is in proportion to its new messages, the rest being C-level comparisons.
+    it), so that a request resending a history decodes and parses only what is new: the rest
+    of its cost is C-level scanning and comparing of bytes.
 
     Kept per *kind* of request, the ``slots`` most recent kinds (``(api, has tools)``: the side
     requests a CLI sends beside its main chain, without tools, keep their own and do not evict
-    the chain's). Each kind's slot holds the previous request's raw messages as decoded and the
-    :class:`Message` objects each gave, and the system prompt and tools it computed from the
-    whole request. A raw message equal (``==``, a deep comparison of the decoded JSON in C) to
-    the one at its index in the previous request gives that request's messages again, the same
-    objects; any other is parsed (a rewritten message is never taken for the old one).
+    the chain's). Each kind's slot holds, for the previous request, the JSON text of each of
+    its messages (Responses: input items) and the :class:`Message` objects each gave, and the
+    system prompt and tools it computed from the whole request. The body is scanned into spans
+    without being decoded (``msgspec.Raw``); a message whose JSON is, byte for byte, the one at
+    its index last time gives that request's messages again, the same objects; any other is
+    decoded and parsed (a rewritten message is never taken for the old one). A body the scan
+    refuses, or any request that does not parse, is parsed whole without the memo (whose
+    errors are the API's), and changes nothing.
 
-    ``==`` on decoded JSON does not tell ``1``, ``1.0`` and ``true`` apart, nor the key orders of
-    an object: a client that resent a message changing only that (none does: each stores its
-    history and serialises it the same way) would get its earlier parse. The session's matching
-    treats those as the same message too (:func:`~trio_swe.gateway._session._args_match`).
+    The bytes compared are the JSON text, not values: a message resent with a number's type
+    changed (``1``, ``1.0``, ``true``) or its keys reordered is parsed again, as it may render
+    differently; one merely re-serialised (other spaces, other escapes) is parsed again too,
+    to the same messages. Every byte of the body is checked as the plain parse checks it
+    (each span decoded, or equal to one that was), but for one case: when the top-level object
+    repeats a key, the value that the later one overrides is skipped, not decoded, so invalid
+    UTF-8 there is not refused (both decoders ignore that value otherwise).
 
-    Memory: the raw messages' strings are mostly the very strings of the messages they gave
-    (text of one part, tool results, arguments), held by the session's transcripts anyway; the
-    memo adds the decoded dicts and lists around them (about as many bytes as the history's
-    JSON). :meth:`clear` drops it (a finished session).
+    Memory: the JSON of the messages of one request per kind (a copy: the body itself is not
+    held), a message over :data:`MEMO_COPY_BYTES` as a digest; :meth:`clear` drops it (a
+    finished session).
 
     Attributes:
-        parsed: raw messages (Responses: input items) parsed, over the memo's life.
-        reused: raw messages whose previous parse was reused.
+        parsed: messages (Responses: input items) decoded and parsed, over the memo's life.
+        reused: messages whose previous parse was reused.
     """
 
     def __init__(self, slots: int = 2) -> None:
@@ -186,6 +231,16 @@ class ParseMemo:
     def __len__(self) -> int:
         """How many kinds of request it holds a parse of."""
         return len(self._slots)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of JSON it holds (digests of big spans not counted)."""
+        return sum(
+            len(raw)
+            for slot in self._slots.values()
+            for raw in (*slot.raws, *(f[0] for f in slot.fields.values()))
+            if isinstance(raw, msgspec.Raw)
+        )
 
     def clear(self) -> None:
         """Drop every parse held (the counters stay)."""
@@ -206,44 +261,120 @@ def _common_prefix(new: Sequence[Any], old: Sequence[Any]) -> int:
     return next(compress(count(), map(operator.ne, new, old)), min(len(new), len(old)))
 
 
-class MemoUse:
-    """One request's parse through a session's :class:`ParseMemo` (or none): look-ups in the
-    slot of its kind, and the slot it leaves there once it parsed whole (:meth:`done`; a
-    request that fails to parse changes nothing).
+class Reader:
+    """What an API's parser reads of a request body: its top-level fields, its *units* (the
+    messages, or Responses' input items) and values computed from a field.
 
-    Args:
-        memo: the session's memo, or None (everything is parsed).
-        key: the request's kind.
-        remember: keep this request's parse for the next one (False: a request that does not
-            continue the conversation, e.g. ``count_tokens``, only reads the memo).
+    This one decodes the body whole (:func:`decode_json_object`) and parses everything;
+    :class:`MemoUse` reads it through a session's :class:`ParseMemo`.
     """
 
-    def __init__(self, memo: ParseMemo | None, key: Hashable, *, remember: bool = True) -> None:
-        self._memo = memo
-        self._key = key
-        self._remember = remember
-        self._old = memo._get(key) if memo is not None else None
+    def __init__(self, body: bytes | bytearray) -> None:
+        self._data = decode_json_object(body)
+        #: What this parse leaves for the next request of its kind (see :class:`_Slot`).
         self.new = _Slot()
         self.parsed = 0
         self.reused = 0
 
-    def field(self, name: str, raw: Any, compute: Callable[[Any], Any]) -> Any:
-        """``compute(raw)``, or the value computed last time from an equal ``raw``."""
+    def get(self, name: str, default: Any = None) -> Any:
+        """A top-level field, decoded (``default`` when absent)."""
+        return self._data.get(name, default)
+
+    def field(self, name: str, compute: Callable[[Any], Any]) -> Any:
+        """``compute(field)``, or the value computed last time from the same JSON."""
+        return compute(self._data.get(name))
+
+    def units(self, name: str) -> Any:
+        """The field holding the units: a list of them (as :meth:`value` takes them), or
+        whatever else the field is (the parser refuses it)."""
+        return self._data.get(name)
+
+    def value(self, unit: Any) -> Any:
+        """A unit, decoded."""
+        return unit
+
+    def record(self, unit: Any, end: int) -> None:
+        """Note a unit parsed, and :attr:`new`'s message count after it (-1: turn open)."""
+
+    def prefix(self, units: Sequence[Any]) -> int:
+        """Start :attr:`new` with the longest run of leading units the previous request of
+        this kind had, ending where no assistant turn is open; return its length."""
+        return 0
+
+    def messages(
+        self, units: Sequence[Any], parse: Callable[[int, Any], Sequence[Message]]
+    ) -> list[Message]:
+        """The messages of ``units`` parsed on their own (``parse(index, unit decoded)``).
+        The list returned is :attr:`new`'s: copy it."""
+        out = self.new.messages
+        for i, unit in enumerate(units):
+            out.extend(parse(i, unit))
+        self.parsed += len(units)
+        return out
+
+    def done(self) -> None:
+        """The request parsed whole."""
+
+
+class MemoUse(Reader):
+    """A request read through a session's :class:`ParseMemo`: the body scanned into the JSON
+    text of its fields and units (``msgspec.Raw``, nothing decoded), compared with what the
+    memo kept of the previous request of its kind.
+
+    Raises:
+        msgspec.DecodeError: the body is not a JSON object msgspec scans (the caller parses
+            it with a plain :class:`Reader` then, which says what is wrong).
+    """
+
+    def __init__(
+        self, memo: ParseMemo, body: bytes | bytearray, api: str, *, remember: bool = True
+    ) -> None:
+        self._top = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+        tools = self._top.get("tools")
+        with_tools = tools is not None and not (len(tools) <= 5 and bytes(tools) in _NO_TOOLS)
+        self._memo = memo
+        self._key = (api, with_tools)
+        self._remember = remember
+        self._old = memo._get(self._key)
+        self._read: set[str] = set()
+        self.new = _Slot()
+        self.parsed = 0
+        self.reused = 0
+
+    def get(self, name: str, default: Any = None) -> Any:
+        self._read.add(name)
+        raw = self._top.get(name)
+        return default if raw is None else msgspec.json.decode(raw)
+
+    def field(self, name: str, compute: Callable[[Any], Any]) -> Any:
+        self._read.add(name)
+        raw = self._top.get(name)
         old = self._old.fields.get(name) if self._old is not None else None
-        if old is not None and old[0] == raw:
-            raw, value = old
+        if old is not None and old[0] == raw:  # None, or the same bytes
+            kept, value = old
         else:
-            value = compute(raw)
-        self.new.fields[name] = (raw, value)
+            value = compute(None if raw is None else msgspec.json.decode(raw))
+            kept = None if raw is None else _kept(raw)
+        self.new.fields[name] = (kept, value)
         return value
 
-    def prefix(self, raws: Sequence[Any]) -> int:
-        """Start :attr:`new` with the longest run of leading units equal to the previous
-        request's that ends where no assistant turn is open; return its length."""
+    def units(self, name: str) -> Any:
+        self._read.add(name)
+        raw = self._top.get(name)
+        return None if raw is None else msgspec.json.decode(raw, type=list[msgspec.Raw])
+
+    def value(self, unit: Any) -> Any:
+        return msgspec.json.decode(unit)
+
+    def record(self, unit: Any, end: int) -> None:
+        self.new.raws.append(_kept(unit))
+        self.new.ends.append(end)
+
+    def prefix(self, units: Sequence[Any]) -> int:
         old = self._old
         if old is None:
             return 0
-        k = _common_prefix(raws, old.raws)
+        k = _common_prefix(units, old.raws)
         while k and old.ends[k - 1] < 0:
             k -= 1
         if k:
@@ -254,37 +385,56 @@ class MemoUse:
         return k
 
     def messages(
-        self, raws: Sequence[Any], parse: Callable[[int, Any], Sequence[Message]]
+        self, units: Sequence[Any], parse: Callable[[int, Any], Sequence[Message]]
     ) -> list[Message]:
-        """The messages of ``raws``, units parsed on their own (``parse(index, raw)``): each
-        equal to the previous request's unit at its index gives that unit's messages again.
-        The list returned is the memo's: copy it."""
-        k = self.prefix(raws)
+        """Each unit whose JSON is the previous request's at its index gives that unit's
+        messages again; the others are decoded and parsed."""
+        k = self.prefix(units)
         old, new = self._old, self.new
-        out, kept, ends = new.messages, new.raws, new.ends
+        out = new.messages
         n_old = len(old.raws) if old is not None else 0
-        for i in range(k, len(raws)):
-            raw = raws[i]
-            if i < n_old and old is not None and raw == old.raws[i]:  # after an edited one
-                raw = old.raws[i]
+        for i in range(k, len(units)):
+            unit = units[i]
+            if old is not None and i < n_old and unit == old.raws[i]:  # after an edited one
                 out.extend(old.messages[old.ends[i - 1] if i else 0 : old.ends[i]])
+                new.raws.append(old.raws[i])
                 self.reused += 1
             else:
-                out.extend(parse(i, raw))
+                out.extend(parse(i, msgspec.json.decode(unit)))
+                new.raws.append(_kept(unit))
                 self.parsed += 1
-            kept.append(raw)
-            ends.append(len(out))
+            new.ends.append(len(out))
         return out
 
     def done(self) -> None:
-        """The request parsed whole: count it, and keep its parse for the next of its kind."""
+        # The fields no parser read are decoded too, as the plain parse decodes the whole
+        # body: what it refuses (invalid UTF-8 in any string) is refused here.
+        for name, raw in self._top.items():
+            if name not in self._read:
+                msgspec.json.decode(raw)
         memo = self._memo
-        if memo is None:
-            return
         memo.parsed += self.parsed
         memo.reused += self.reused
         if self._remember:
             memo._put(self._key, self.new)
+
+
+def parse_with(
+    parse: Callable[[Reader], Conversation],
+    body: bytes | bytearray,
+    api: str,
+    memo: ParseMemo | None,
+    remember: bool,
+) -> Conversation:
+    """``parse`` of ``body`` through ``memo`` when there is one; a body that does not parse
+    so (whatever the reason) is parsed plainly, whose answer (an :class:`ApiError` in the
+    API's terms) is the one."""
+    if memo is not None:
+        try:
+            return parse(MemoUse(memo, body, api, remember=remember))
+        except Exception:  # the plain parse decides: its errors are the API's
+            pass
+    return parse(Reader(body))
 
 
 class ReplyToolCall(msgspec.Struct, frozen=True):

@@ -22,12 +22,12 @@ from ._common import (
     REF_PREFIX,
     ApiError,
     Conversation,
-    MemoUse,
     Message,
     ParseMemo,
+    Reader,
     Reply,
-    decode_json_object,
     parse_arguments,
+    parse_with,
     positive_int,
     ref_of_id,
     sse,
@@ -66,34 +66,35 @@ def parse_request(
     Raises:
         ApiError: malformed JSON or a field of the wrong type (400).
     """
-    data = decode_json_object(body)
-    raw_input = data.get("input")
-    instructions = data.get("instructions")
+    return parse_with(_parse, body, "responses", memo, remember)
+
+
+def _parse(req: Reader) -> Conversation:
+    raw_input = req.units("input")
+    instructions = req.field("instructions", _instructions)
     if isinstance(raw_input, str):
         raw_input = [{"type": "message", "role": "user", "content": raw_input}]
     if not isinstance(raw_input, list) or not raw_input:
         raise ApiError(400, "invalid_request", "input: a non-empty string or list is required")
-    use = MemoUse(memo, ("responses", bool(data.get("tools"))), remember=remember)
-    messages: list[Message] = []
-    if isinstance(instructions, str) and instructions:
-        messages.append(use.field("instructions", instructions, _system))
-    messages += _input(use, raw_input)
-    tools, dropped = use.field("tools", data.get("tools"), parse_tools)
+    messages = ([instructions] if instructions is not None else []) + _input(req, raw_input)
+    tools, dropped = req.field("tools", parse_tools)
     conv = Conversation(
         api="responses",
-        model=str(data.get("model", "")),
+        model=str(req.get("model", "")),
         messages=messages,
         tools=list(tools),
-        stream=data.get("stream") is True,
-        max_tokens=positive_int(data.get("max_output_tokens"), "max_output_tokens"),
+        stream=req.get("stream") is True,
+        max_tokens=positive_int(req.get("max_output_tokens"), "max_output_tokens"),
         dropped_tools=dropped,
     )
-    use.done()
+    req.done()
     return conv
 
 
-def _system(text: str) -> Message:
-    return Message(role="system", content=text)
+def _instructions(text: Any) -> Message | None:
+    if isinstance(text, str) and text:
+        return Message(role="system", content=text)
+    return None
 
 
 class _Turn:
@@ -117,18 +118,16 @@ class _Turn:
         )
 
 
-def _input(use: MemoUse, items: list[Any]) -> list[Message]:
+def _input(req: Reader, items: list[Any]) -> list[Message]:
     """The messages of the input items (consecutive reasoning, assistant message and
     function-call items form one assistant message): the leading items the previous request
     of this kind had give its messages again, up to the last where no assistant turn was
     open; the rest are parsed. The list returned is the memo's: copy it."""
-    start = use.prefix(items)
-    new = use.new
-    out, kept, ends = new.messages, new.raws, new.ends
+    start = req.prefix(items)
+    out = req.new.messages
     turn: _Turn | None = None  # the assistant turn being assembled
-
     for i in range(start, len(items)):
-        item = items[i]
+        item = req.value(items[i])
         if not isinstance(item, dict):
             raise ApiError(400, "invalid_request", f"input.{i}: must be an object")
         kind = item.get("type", "message")
@@ -173,11 +172,10 @@ def _input(use: MemoUse, items: list[Any]) -> list[Message]:
                     )
                 )
             # custom_tool_call, web_search_call, ...: nothing the template can render as is.
-        kept.append(item)
-        ends.append(-1 if turn is not None else len(out))
+        req.record(items[i], -1 if turn is not None else len(out))
     if turn is not None:
         out.append(turn.message())
-    use.parsed += len(items) - start
+    req.parsed += len(items) - start
     return out
 
 
