@@ -14,6 +14,10 @@ plus our replies as we sent them):
   to the sample builder after the first chain, it is a FORK (its ``turn_kinds`` say so);
 * it matches nothing: a new chain.
 
+A message the client resends as it was is the very object of its previous parse (the
+gateway parses through the session's :attr:`Session.parse_memo`), which the transcript holds:
+those are matched by identity, in C, and only the rest is compared.
+
 Clients do not replay our replies faithfully, so a reply is recognised by the reference we
 embed in the ids we hand out (tool-call ids, thinking signatures, ``encrypted_content``) or,
 failing that, by its text and tool names with arguments compared as JSON values where the
