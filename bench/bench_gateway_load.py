@@ -19,9 +19,9 @@ httpx client playing CLI agents here (request bodies are encoded before the cloc
 * *History length* (1 -> ``BENCH_GATEWAY_LOAD_TURNS`` turns, default 200): one session whose
   client sends, each turn, a ~1 KB tool result and a ~100-byte user reminder (as Claude Code
   does), the history resent whole; CPU per request at turn k (median of the turns around k),
-  the body size, and the tokens rendered; ``keep_sampled=True`` (now) against ``False`` (the
-  fork per user message that was; at most ``BENCH_GATEWAY_LOAD_FORK_TURNS`` turns, default
-  100).
+  the body size, the tokens rendered and the messages parsed (the session's parse memo gives
+  the resent ones' earlier parse); ``keep_sampled=True`` (now) against ``False`` (the fork per
+  user message that was; at most ``BENCH_GATEWAY_LOAD_FORK_TURNS`` turns, default 100).
 * *Fairness*: session B continues a ~100 KB history (a small delta) again and again while
   session A sends an 8 MB body (refused by the default 4 MiB cap), a 3 MB one over A's 32k
   context (refused by the token cap) and session C a 2 MB one that is served (tokenized in a
@@ -284,7 +284,8 @@ async def _history(url: str, tok: Any, keep_sampled: bool, turns: int) -> dict[i
             rendered = (after.rendered_tokens + after.delta_tokens) - (
                 before.rendered_tokens + before.delta_tokens
             )
-            out[k] = (cpu, wall, len(body), rendered)
+            parsed = after.parsed_messages - before.parsed_messages
+            out[k] = (cpu, wall, len(body), rendered, parsed)
             reply = r.json()["content"]
             messages.append({"role": "assistant", "content": reply})
             call = next(b for b in reply if b["type"] == "tool_use")
@@ -298,7 +299,9 @@ async def _history(url: str, tok: Any, keep_sampled: bool, turns: int) -> dict[i
                 }
             )
         stats = handle.statistics()
-        out[0] = (stats.chains, stats.forks)
+        # With what the session holds at the end, and its parse memo beside it (the JSON of
+        # the last request's messages, dropped when the session finishes).
+        out[0] = (stats.chains, stats.forks, _held(handle), handle.session.parse_memo.nbytes)
         # The baseline: a direct policy call of the same prompt costs this process (the
         # token-in API's request: a JSON array of every prompt id) too.
         records = handle.turns()
@@ -319,7 +322,7 @@ async def _histories(url: str, tok: Any) -> None:
     now = await _history(url, tok, True, TURNS)
     then = await _history(url, tok, False, min(FORK_TURNS, TURNS))
     print(f"{'turn':>5} {'body KB':>8} {'direct CPU ms':>13} {'CPU ms (now)':>13} {'rendered tok (now)':>19} "
-          f"{'CPU ms (fork per user msg)':>27} {'rendered tok (fork)':>20}")  # fmt: skip
+          f"{'msgs parsed (now)':>18} {'CPU ms (fork per user msg)':>27} {'rendered tok (fork)':>20}")  # fmt: skip
 
     def around(data: dict[int, Any], k: int, i: int) -> float:
         return float(
@@ -333,9 +336,14 @@ async def _histories(url: str, tok: Any) -> None:
         tok_then = f"{around(then, k, 3):20.0f}" if k in then else f"{'-':>20}"
         print(
             f"{k:5d} {now[k][2] / 1e3:8.1f} {now[-k] * 1e3:13.1f} {around(now, k, 0) * 1e3:13.1f} "
-            f"{around(now, k, 3):19.0f} {cpu_then} {tok_then}"
+            f"{around(now, k, 3):19.0f} {around(now, k, 4):18.0f} {cpu_then} {tok_then}"
         )
-    print(f"chains/forks: now {now[0]}, fork per user message {then[0]}")
+    print(f"chains/forks: now {now[0][:2]}, fork per user message {then[0][:2]}")
+    held, memo = now[0][2:]
+    print(
+        f"at turn {TURNS}: the session holds {held / 1e3:.0f} KB, its parse memo "
+        f"{memo / 1e3:.0f} KB of JSON"
+    )
 
 
 async def _fairness(url: str, tok: Any) -> None:

@@ -40,6 +40,9 @@ async def test_claude_code_demo_episode_is_token_exact(tmp_path: Path) -> None:
     stats = session.statistics()
     # One chain, every later request a clean append (Claude Code's replays matched ours).
     assert (stats.chains, stats.forks, stats.turns, stats.appended) == (1, 0, 4, 3)
+    # Its history resent each turn is not parsed again: a request parses its new messages
+    # and the one it moved its cache_control marker off (measured: 11 parsed, 7 reused).
+    assert stats.reused_messages >= stats.requests - 1
     assert result.n_turns == 4
     assert len(result.samples) == 1
     sample = result.samples[0]

@@ -18,9 +18,11 @@ from ._common import (
     ApiError,
     Conversation,
     Message,
+    ParseMemo,
+    Reader,
     Reply,
-    decode_json_object,
     function_tool,
+    parse_with,
     positive_int,
     ref_of_id,
     sse,
@@ -83,54 +85,89 @@ def _billing_header(block: dict[str, Any]) -> bool:
     return block.get("type") == "text" and isinstance(text, str) and text.startswith(BILLING_HEADER)
 
 
-def parse_request(body: bytes | bytearray) -> Conversation:
+def parse_request(
+    body: bytes | bytearray, memo: ParseMemo | None = None, *, remember: bool = True
+) -> Conversation:
     """Parse a Messages request body.
+
+    Args:
+        body: the request body.
+        memo: the session's parse memo: the messages (and system prompt, tools) resent as they
+            were in its previous request of this kind give its parse again.
+        remember: keep this parse in ``memo`` for the next request (False: only read it).
 
     Raises:
         ApiError: malformed JSON or a field of the wrong type (400).
     """
-    data = decode_json_object(body)
-    raw_messages = data.get("messages")
+    return parse_with(_parse, body, "anthropic", memo, remember)
+
+
+def _parse(req: Reader) -> Conversation:
+    raw_messages = req.units("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise ApiError(400, "invalid_request", "messages: a non-empty list is required")
-    messages: list[Message] = []
-    system = data.get("system")
-    if system:
-        text = text_of([b for b in _blocks(system) if not _billing_header(b)])
-        if text:
-            messages.append(Message(role="system", content=text))
-    for i, raw in enumerate(raw_messages):
-        if not isinstance(raw, dict):
-            raise ApiError(400, "invalid_request", f"messages.{i}: must be an object")
-        role = raw.get("role")
-        blocks = _blocks(raw.get("content"))
-        if role == "system":
-            messages.append(Message(role="system", content=text_of(blocks)))
-        elif role == "user":
-            texts: list[dict[str, Any]] = []
-            for block in blocks:
-                if block.get("type") == "tool_result":
-                    result = text_of(_blocks(block.get("content")))
-                    if block.get("is_error") and not result:
-                        result = "Error"
-                    messages.append(
-                        Message(
-                            role="tool",
-                            content=result,
-                            tool_call_id=str(block.get("tool_use_id", "")),
-                        )
+    system = req.field("system", _system)
+    messages = ([system] if system is not None else []) + req.messages(raw_messages, _parse_one)
+    tools, dropped = req.field("tools", _tools)
+    conv = Conversation(
+        api="anthropic",
+        model=str(req.get("model", "")),
+        messages=messages,
+        tools=list(tools),
+        stream=req.get("stream") is True,
+        max_tokens=positive_int(req.get("max_tokens"), "max_tokens"),
+        dropped_tools=dropped,
+    )
+    req.done()
+    return conv
+
+
+def _system(system: Any) -> Message | None:
+    if not system:
+        return None
+    text = text_of([b for b in _blocks(system) if not _billing_header(b)])
+    return Message(role="system", content=text) if text else None
+
+
+def _parse_one(i: int, raw: Any) -> list[Message]:
+    """The chat-template messages of ``messages[i]``: a user message's tool results are tool
+    messages of their own, before its text."""
+    if not isinstance(raw, dict):
+        raise ApiError(400, "invalid_request", f"messages.{i}: must be an object")
+    role = raw.get("role")
+    blocks = _blocks(raw.get("content"))
+    if role == "system":
+        return [Message(role="system", content=text_of(blocks))]
+    if role == "user":
+        out: list[Message] = []
+        texts: list[dict[str, Any]] = []
+        for block in blocks:
+            if block.get("type") == "tool_result":
+                result = text_of(_blocks(block.get("content")))
+                if block.get("is_error") and not result:
+                    result = "Error"
+                out.append(
+                    Message(
+                        role="tool",
+                        content=result,
+                        tool_call_id=str(block.get("tool_use_id", "")),
                     )
-                else:
-                    texts.append(block)
-            if texts:
-                messages.append(Message(role="user", content=text_of(texts)))
-        elif role == "assistant":
-            messages.append(_assistant(blocks))
-        else:
-            raise ApiError(400, "invalid_request", f"messages.{i}.role: unknown role {role!r}")
+                )
+            else:
+                texts.append(block)
+        if texts:
+            out.append(Message(role="user", content=text_of(texts)))
+        return out
+    if role == "assistant":
+        return [_assistant(blocks)]
+    raise ApiError(400, "invalid_request", f"messages.{i}.role: unknown role {role!r}")
+
+
+def _tools(raw: Any) -> tuple[list[dict[str, Any]], int]:
+    """Custom tools in OpenAI function form, and how many others were dropped."""
     tools: list[dict[str, Any]] = []
     dropped = 0
-    raw_tools = data.get("tools") or []
+    raw_tools = raw or []
     if not isinstance(raw_tools, list):
         raise ApiError(400, "invalid_request", "tools: must be a list")
     for tool in raw_tools:
@@ -143,15 +180,7 @@ def parse_request(body: bytes | bytearray) -> Conversation:
         tools.append(
             function_tool(tool.get("name"), tool.get("description"), tool.get("input_schema"))
         )
-    return Conversation(
-        api="anthropic",
-        model=str(data.get("model", "")),
-        messages=messages,
-        tools=tools,
-        stream=data.get("stream") is True,
-        max_tokens=positive_int(data.get("max_tokens"), "max_tokens"),
-        dropped_tools=dropped,
-    )
+    return tools, dropped
 
 
 def _assistant(blocks: list[dict[str, Any]]) -> Message:

@@ -18,10 +18,12 @@ from ._common import (
     ApiError,
     Conversation,
     Message,
+    ParseMemo,
+    Reader,
     Reply,
-    decode_json_object,
     function_tool,
     parse_arguments,
+    parse_with,
     positive_int,
     ref_of_id,
     sse,
@@ -114,32 +116,49 @@ def parse_message(raw: Any, where: str) -> Message:
     raise ApiError(400, "invalid_request", f"{where}.role: unknown role {role!r}")
 
 
-def parse_request(body: bytes | bytearray) -> Conversation:
+def parse_request(
+    body: bytes | bytearray, memo: ParseMemo | None = None, *, remember: bool = True
+) -> Conversation:
     """Parse a Chat Completions request body.
+
+    Args:
+        body: the request body.
+        memo: the session's parse memo: the messages (and tools) resent as they were in its
+            previous request of this kind give its parse again.
+        remember: keep this parse in ``memo`` for the next request (False: only read it).
 
     Raises:
         ApiError: malformed JSON or a field of the wrong type (400).
     """
-    data = decode_json_object(body)
-    raw_messages = data.get("messages")
+    return parse_with(_parse, body, "chat", memo, remember)
+
+
+def _parse(req: Reader) -> Conversation:
+    raw_messages = req.units("messages")
     if not isinstance(raw_messages, list) or not raw_messages:
         raise ApiError(400, "invalid_request", "messages: a non-empty list is required")
-    messages = [parse_message(m, f"messages.{i}") for i, m in enumerate(raw_messages)]
-    tools, dropped = parse_tools(data.get("tools"))
-    options = data.get("stream_options") or {}
-    cap = positive_int(data.get("max_completion_tokens"), "max_completion_tokens")
+    messages = list(req.messages(raw_messages, _parse_one))
+    tools, dropped = req.field("tools", parse_tools)
+    options = req.get("stream_options") or {}
+    cap = positive_int(req.get("max_completion_tokens"), "max_completion_tokens")
     if cap is None:
-        cap = positive_int(data.get("max_tokens"), "max_tokens")
-    return Conversation(
+        cap = positive_int(req.get("max_tokens"), "max_tokens")
+    conv = Conversation(
         api="chat",
-        model=str(data.get("model", "")),
+        model=str(req.get("model", "")),
         messages=messages,
-        tools=tools,
-        stream=data.get("stream") is True,
+        tools=list(tools),
+        stream=req.get("stream") is True,
         max_tokens=cap,
         include_usage=isinstance(options, dict) and options.get("include_usage") is True,
         dropped_tools=dropped,
     )
+    req.done()
+    return conv
+
+
+def _parse_one(i: int, raw: Any) -> tuple[Message]:
+    return (parse_message(raw, f"messages.{i}"),)
 
 
 def parse_tools(raw: Any) -> tuple[list[dict[str, Any]], int]:

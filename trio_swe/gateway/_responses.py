@@ -23,9 +23,11 @@ from ._common import (
     ApiError,
     Conversation,
     Message,
+    ParseMemo,
+    Reader,
     Reply,
-    decode_json_object,
     parse_arguments,
+    parse_with,
     positive_int,
     ref_of_id,
     sse,
@@ -50,87 +52,131 @@ def context_error_message(prompt_tokens: int, limit: int) -> str:
     )
 
 
-def parse_request(body: bytes | bytearray) -> Conversation:
+def parse_request(
+    body: bytes | bytearray, memo: ParseMemo | None = None, *, remember: bool = True
+) -> Conversation:
     """Parse a Responses request body.
+
+    Args:
+        body: the request body.
+        memo: the session's parse memo: the leading input items (and instructions, tools)
+            resent as they were in its previous request of this kind give its parse again.
+        remember: keep this parse in ``memo`` for the next request (False: only read it).
 
     Raises:
         ApiError: malformed JSON or a field of the wrong type (400).
     """
-    data = decode_json_object(body)
-    raw_input = data.get("input")
-    messages: list[Message] = []
-    instructions = data.get("instructions")
-    if isinstance(instructions, str) and instructions:
-        messages.append(Message(role="system", content=instructions))
+    return parse_with(_parse, body, "responses", memo, remember)
+
+
+def _parse(req: Reader) -> Conversation:
+    raw_input = req.units("input")
+    instructions = req.field("instructions", _instructions)
     if isinstance(raw_input, str):
         raw_input = [{"type": "message", "role": "user", "content": raw_input}]
     if not isinstance(raw_input, list) or not raw_input:
         raise ApiError(400, "invalid_request", "input: a non-empty string or list is required")
-    current: Message | None = None  # the assistant turn being assembled
+    messages = ([instructions] if instructions is not None else []) + _input(req, raw_input)
+    tools, dropped = req.field("tools", parse_tools)
+    conv = Conversation(
+        api="responses",
+        model=str(req.get("model", "")),
+        messages=messages,
+        tools=list(tools),
+        stream=req.get("stream") is True,
+        max_tokens=positive_int(req.get("max_output_tokens"), "max_output_tokens"),
+        dropped_tools=dropped,
+    )
+    req.done()
+    return conv
 
-    def assistant() -> Message:
-        nonlocal current
-        if current is None:
-            current = Message(role="assistant")
-            messages.append(current)
-        return current
 
-    for i, item in enumerate(raw_input):
+def _instructions(text: Any) -> Message | None:
+    if isinstance(text, str) and text:
+        return Message(role="system", content=text)
+    return None
+
+
+class _Turn:
+    """An assistant turn being assembled from consecutive items."""
+
+    __slots__ = ("calls", "content", "reasoning", "ref")
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[tuple[str, str, Any]] = []
+        self.ref = ""
+
+    def message(self) -> Message:
+        return Message(
+            role="assistant",
+            content="".join(self.content),
+            reasoning="".join(self.reasoning) if self.reasoning else None,
+            tool_calls=self.calls,
+            ref=self.ref,
+        )
+
+
+def _input(req: Reader, items: list[Any]) -> list[Message]:
+    """The messages of the input items (consecutive reasoning, assistant message and
+    function-call items form one assistant message): the leading items the previous request
+    of this kind had give its messages again, up to the last where no assistant turn was
+    open; the rest are parsed. The list returned is the memo's: copy it."""
+    start = req.prefix(items)
+    out = req.new.messages
+    turn: _Turn | None = None  # the assistant turn being assembled
+    for i in range(start, len(items)):
+        item = req.value(items[i])
         if not isinstance(item, dict):
             raise ApiError(400, "invalid_request", f"input.{i}: must be an object")
         kind = item.get("type", "message")
-        if kind == "message":
-            role = item.get("role")
-            text = text_of(item.get("content"))
-            if role == "assistant":
-                msg = assistant()
-                msg.content += text
-                msg.ref = msg.ref or ref_of_id(str(item.get("id", "")))
-                continue
-            current = None
-            if role in ("system", "developer"):
-                messages.append(Message(role="system", content=text))
-            elif role == "user":
-                messages.append(Message(role="user", content=text))
-            else:
-                raise ApiError(400, "invalid_request", f"input.{i}.role: unknown role {role!r}")
+        if kind == "message" and item.get("role") == "assistant":
+            turn = turn or _Turn()
+            turn.content.append(text_of(item.get("content")))
+            turn.ref = turn.ref or ref_of_id(str(item.get("id", "")))
         elif kind == "reasoning":
-            msg = assistant()
-            msg.ref = msg.ref or ref_of_id(str(item.get("encrypted_content") or ""))
+            turn = turn or _Turn()
+            turn.ref = turn.ref or ref_of_id(str(item.get("encrypted_content") or ""))
             summary = text_of(item.get("summary"))
             content = text_of(item.get("content"))
             text = content or summary
             if text:
-                msg.reasoning = (msg.reasoning or "") + text
+                turn.reasoning.append(text)
         elif kind == "function_call":
-            msg = assistant()
+            turn = turn or _Turn()
             cid = str(item.get("call_id", ""))
-            msg.ref = msg.ref or ref_of_id(cid)
-            msg.tool_calls.append(
+            turn.ref = turn.ref or ref_of_id(cid)
+            turn.calls.append(
                 (cid, str(item.get("name", "")), parse_arguments(item.get("arguments")))
             )
-        elif kind == "function_call_output":
-            current = None
-            messages.append(
-                Message(
-                    role="tool",
-                    content=text_of(item.get("output")),
-                    tool_call_id=str(item.get("call_id", "")),
-                )
-            )
         else:
+            if turn is not None:
+                out.append(turn.message())
+                turn = None
+            if kind == "message":
+                role = item.get("role")
+                text = text_of(item.get("content"))
+                if role in ("system", "developer"):
+                    out.append(Message(role="system", content=text))
+                elif role == "user":
+                    out.append(Message(role="user", content=text))
+                else:
+                    raise ApiError(400, "invalid_request", f"input.{i}.role: unknown role {role!r}")
+            elif kind == "function_call_output":
+                out.append(
+                    Message(
+                        role="tool",
+                        content=text_of(item.get("output")),
+                        tool_call_id=str(item.get("call_id", "")),
+                    )
+                )
             # custom_tool_call, web_search_call, ...: nothing the template can render as is.
-            current = None
-    tools, dropped = parse_tools(data.get("tools"))
-    return Conversation(
-        api="responses",
-        model=str(data.get("model", "")),
-        messages=messages,
-        tools=tools,
-        stream=data.get("stream") is True,
-        max_tokens=positive_int(data.get("max_output_tokens"), "max_output_tokens"),
-        dropped_tools=dropped,
-    )
+        req.record(items[i], -1 if turn is not None else len(out))
+    if turn is not None:
+        out.append(turn.message())
+    req.parsed += len(items) - start
+    return out
 
 
 def _items(reply: Reply) -> list[dict[str, Any]]:

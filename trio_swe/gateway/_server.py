@@ -137,10 +137,12 @@ class GatewaySession:
         return self.session.statistics()
 
     def finish(self) -> None:
-        """End the session: later requests get 401; requests in flight are cancelled."""
+        """End the session: later requests get 401; requests in flight are cancelled; the
+        session's parse memo is dropped (its turns and statistics stay)."""
         if self.finished:
             return
         self.finished = True
+        self.session.parse_memo.clear()
         for scope in list(self._inflight):
             scope.cancel()
         self._gateway._sessions.pop(self.api_key, None)
@@ -517,7 +519,8 @@ class _Exchange:
     async def count_tokens(self) -> None:
         body = await self.read_body()
         handle = self.session()
-        conv = _anthropic.parse_request(body)
+        # Through the session's memo, without changing it: a count is not a turn.
+        conv = _anthropic.parse_request(body, handle.session.parse_memo, remember=False)
 
         def count() -> int:
             model = handle.session._model_for(conv.tools)
@@ -544,14 +547,16 @@ class _Exchange:
     async def generate(self, api: str) -> None:
         body = await self.read_body()
         handle = self.session()
+        session = handle.session
+        # Only the messages the session's previous request of this kind did not have are
+        # parsed (the memo's): a CLI resends its whole history each turn.
         conv: Conversation
         if api == "anthropic":
-            conv = _anthropic.parse_request(body)
+            conv = _anthropic.parse_request(body, session.parse_memo)
         elif api == "responses":
-            conv = _responses.parse_request(body)
+            conv = _responses.parse_request(body, session.parse_memo)
         else:
-            conv = _chat.parse_request(body)
-        session = handle.session
+            conv = _chat.parse_request(body, session.parse_memo)
         # Matching on this thread; rendering and tokenizing the new messages in a worker.
         size = len(body)
         del body  # parsed: the bytes need not live through the policy call
@@ -602,8 +607,9 @@ class _Exchange:
         if stream is not None:
             # The client keeps what it was streamed: that is its copy of the reply.
             rest, draft.reply = stream[0].finish(draft.reply)
-            draft.message.content = draft.reply.text
-            draft.message.reasoning = draft.reply.reasoning
+            draft.message = msgspec.structs.replace(
+                draft.message, content=draft.reply.text, reasoning=draft.reply.reasoning
+            )
         # Recorded before it is sent: the client may send its next request the moment it has
         # the reply, and that request must find this turn. (A client that drops the reply and
         # asks again branches off the previous turn, as any rewrite does.)

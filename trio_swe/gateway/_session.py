@@ -14,6 +14,10 @@ plus our replies as we sent them):
   to the sample builder after the first chain, it is a FORK (its ``turn_kinds`` say so);
 * it matches nothing: a new chain.
 
+A message the client resends as it was is the very object of its previous parse (the
+gateway parses through the session's :attr:`Session.parse_memo`), which the transcript holds:
+those are matched by identity, in C, and only the rest is compared.
+
 Clients do not replay our replies faithfully, so a reply is recognised by the reference we
 embed in the ids we hand out (tool-call ids, thinking signatures, ``encrypted_content``) or,
 failing that, by its text and tool names with arguments compared as JSON values where the
@@ -26,8 +30,10 @@ not part of the episode's turns (they would mix an unrelated conversation into i
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Callable, Mapping, Sequence
+from itertools import compress, count, islice
 from typing import Any
 
 import msgspec
@@ -37,7 +43,16 @@ from .._json import loads
 from ..models import ChatModel, NotAppendOnlyError, TokenHistory
 from ..policy import PolicyOutput
 from ..trajectory import TurnRecord, TurnRecorder
-from ._common import ApiError, Conversation, Message, Reply, ReplyToolCall, call_id, new_ref
+from ._common import (
+    ApiError,
+    Conversation,
+    Message,
+    ParseMemo,
+    Reply,
+    ReplyToolCall,
+    call_id,
+    new_ref,
+)
 
 __all__ = ["Draft", "Pending", "Placement", "Session", "SessionStatistics"]
 
@@ -65,6 +80,11 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
         failed: prepared requests that were never committed (policy error, disconnect).
         tool_calls: tool calls in the replies recorded on the episode's chains.
         policy_sec: time spent waiting for the policy.
+        parsed_messages: the API's messages (Responses: input items) of the session's
+            requests that were parsed (``count_tokens`` included).
+        reused_messages: those resent as they were in the previous request of their kind,
+            whose parse was reused (:class:`~trio_swe.gateway._common.ParseMemo`): a CLI that
+            resends its history has all but its new messages here.
     """
 
     requests: int = 0
@@ -80,6 +100,8 @@ class SessionStatistics(msgspec.Struct, frozen=True, kw_only=True):
     failed: int = 0
     tool_calls: int = 0
     policy_sec: float = 0.0
+    parsed_messages: int = 0
+    reused_messages: int = 0
 
 
 class _Chain:
@@ -215,6 +237,8 @@ def _same_reply(ours: Message, theirs: Message) -> bool:
 
 
 def _same_message(ours: Message, theirs: Message) -> bool:
+    if ours is theirs:  # a message the parse memo gave again (the relation is reflexive)
+        return True
     if ours.role == "assistant" and ours.ref:
         return _same_reply(ours, theirs)
     if ours.role != theirs.role or ours.content != theirs.content:
@@ -227,9 +251,18 @@ def _same_message(ours: Message, theirs: Message) -> bool:
 
 
 def _matched(transcript: Sequence[Message], incoming: Sequence[Message]) -> int:
-    """How many leading messages of ``incoming`` match ``transcript``."""
-    n = 0
-    for ours, theirs in zip(transcript, incoming, strict=False):
+    """How many leading messages of ``incoming`` match ``transcript``.
+
+    The leading messages that are the transcript's own objects (the parse memo gives a
+    resent message's earlier parse, which the transcript holds) are skipped in C; the
+    comparisons start at the first other one (typically our last reply as the client
+    replays it)."""
+    n = next(
+        compress(count(), map(operator.is_not, transcript, incoming)),
+        min(len(transcript), len(incoming)),
+    )
+    rest = zip(islice(transcript, n, None), islice(incoming, n, None), strict=False)
+    for ours, theirs in rest:
         if not _same_message(ours, theirs):
             break
         n += 1
@@ -292,6 +325,9 @@ class Session:
         self._order: list[tuple[int, int]] = []  # (chain, turn) in the order they were recorded
         self._stats: dict[str, Any] = dict.fromkeys(SessionStatistics.__struct_fields__, 0)
         self._stats["policy_sec"] = 0.0
+        #: What the session's requests parsed to (the gateway passes it to ``parse_request``;
+        #: cleared when the session finishes).
+        self.parse_memo = ParseMemo()
 
     # -- placing a request ----------------------------------------------------------------
 
@@ -655,4 +691,7 @@ class Session:
 
     def statistics(self) -> SessionStatistics:
         """See :class:`SessionStatistics`."""
-        return SessionStatistics(**self._stats)
+        stats = dict(self._stats)
+        stats["parsed_messages"] = self.parse_memo.parsed
+        stats["reused_messages"] = self.parse_memo.reused
+        return SessionStatistics(**stats)
