@@ -156,9 +156,6 @@ class _Digest:
             and _digest(other) == self.digest
         )
 
-    def __ne__(self, other: object) -> bool:
-        return not self.__eq__(other)
-
     __hash__ = None  # type: ignore[assignment]
 
 
