@@ -213,15 +213,24 @@ async def test_keyboard_interrupt_kills_sandbox(image: Path, tmp_path: Path) -> 
 
 
 async def test_cancellation_at_random_points_leaves_nothing(image: Path, tmp_path: Path) -> None:
-    rng = random.Random(1234)
+    """100 sandboxes cancelled at random moments, four at a time on one backend."""
     state = tmp_path / "state"
     backend = LocalBackend(state_dir=state)
     marker = f"marker-{uuid.uuid4().hex}"
-    for _ in range(100):
-        with trio.move_on_after(rng.uniform(0, 0.15)):
-            async with open_sandbox(backend, str(image)) as sb:
-                await sb.exec(f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &")
-                await sb.exec(f"sleep 1000; : {marker}")
+
+    async def cancel_repeatedly(seed: int) -> None:
+        rng = random.Random(seed)
+        for _ in range(25):
+            with trio.move_on_after(rng.uniform(0, 0.15)):
+                async with open_sandbox(backend, str(image)) as sb:
+                    await sb.exec(
+                        f"setsid sh -c 'sleep 1000; : {marker}' </dev/null >/dev/null 2>&1 &"
+                    )
+                    await sb.exec(f"sleep 1000; : {marker}")
+
+    async with trio.open_nursery() as nursery:
+        for seed in range(1234, 1238):
+            nursery.start_soon(cancel_repeatedly, seed)
     assert await host_pids_gone(marker) == []
     assert await host_pids_gone(str(state)) == []
     assert host_mounts_with(str(state)) == []
