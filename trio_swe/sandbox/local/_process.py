@@ -24,6 +24,7 @@ from typing import Final
 import trio
 
 from ..._errors import BackendUnavailableError, InvalidArgumentError, SandboxError
+from ._reap import children_of, parent_of
 from ._users import SandboxUser
 
 #: Where the launcher's tools are looked up: system directories, which the sandbox sees too
@@ -70,6 +71,11 @@ def nsenter_argv(
     return out + list(argv)
 
 
+#: How long a kill waits for ``nsenter`` to exit once its child is killed, before it kills
+#: the whole group (the child's zombie then goes to the host's reaper; see ``_kill_group``).
+_NSENTER_EXIT_SEC = 1.0
+
+
 class LocalProcess:
     """A process running in a local sandbox, with streams (for servers such as envd's).
 
@@ -98,6 +104,34 @@ class LocalProcess:
         """Wait for the exit and return the status (negative: killed by that signal)."""
         return await self._process.wait()
 
+    async def _kill_group(self) -> None:
+        """SIGKILL the process group, the command inside the sandbox before ``nsenter``.
+
+        ``nsenter``'s child lives in the sandbox's pid namespace, its parent on the host.
+        Killed together (one ``killpg``), the child's zombie goes to the host's reaper (PID 1
+        or a subreaper), and until that one reaps it the sandbox's init cannot exit, so a kill
+        of the sandbox waits for it (2 s on a machine whose PID 1 reaps every 2 s). Killed
+        first, it is reaped by ``nsenter``, which then exits; then the rest of the group is
+        killed. ``nsenter`` stays unreaped until then, so the group's id (its pid) cannot have
+        been reused under the ``killpg``. (Not stopped first with SIGSTOP: ``nsenter`` answers
+        a stopped child by stopping itself.)
+        """
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except OSError:
+            pidfd = None
+        try:
+            if pidfd is not None and _kill_children(self.pid):
+                with trio.move_on_after(_NSENTER_EXIT_SEC):
+                    await trio.lowlevel.wait_readable(pidfd)  # exited, not reaped
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        finally:
+            if pidfd is not None:
+                os.close(pidfd)
+
     def send_signal(self, sig: int) -> None:
         """Signal the whole process group; a finished process is not an error."""
         if self._process.returncode is not None:
@@ -110,7 +144,8 @@ class LocalProcess:
     async def aclose(self) -> None:
         """Kill the process group (if still running), reap it, close the streams."""
         with trio.CancelScope(shield=True):
-            self.send_signal(signal.SIGKILL)
+            if self._process.returncode is None:  # polls: reaps nsenter if it has exited
+                await self._kill_group()
             await self._process.wait()
             for stream in (self.stdin, self.stdout, self.stderr):
                 if stream is not None:
@@ -118,6 +153,26 @@ class LocalProcess:
         if self._on_close is not None:
             self._on_close(self)
             self._on_close = None
+
+
+def _kill_children(pid: int) -> int:
+    """SIGKILL the children of ``pid`` (opened by pidfd, checked to be its children still:
+    a pid recycled meanwhile is left alone); how many were signalled."""
+    killed = 0
+    for child in children_of(pid):
+        try:
+            fd = os.pidfd_open(child)
+        except OSError:
+            continue
+        try:
+            if parent_of(child) == pid:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+                killed += 1
+        except ProcessLookupError:
+            pass
+        finally:
+            os.close(fd)
+    return killed
 
 
 async def start_local_process(
