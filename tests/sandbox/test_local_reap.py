@@ -83,6 +83,49 @@ def test_a_subreaper_reaps_what_it_is_handed_and_kills_without_waiting_out_the_b
         assert reaped >= 1
 
 
+# Runs as a child subreaper: execs cancelled mid-run. Each command must be reaped by its own
+# nsenter, not handed to us (or to the host's PID 1, which reaps when it gets round to it: until
+# then the sandbox's init cannot exit and a kill of the sandbox waits).
+_CANCELS = """
+import ctypes, json, sys
+import trio, trio.testing
+from trio_swe import open_sandbox
+from trio_swe.sandbox.local import LocalBackend
+from trio_swe.sandbox.local._reap import reap_adopted_zombies
+
+assert ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
+
+async def main():
+    handed = 0
+    async with LocalBackend() as backend:
+        for _ in range(4):
+            async with open_sandbox(backend, sys.argv[1]) as sb:
+                async with trio.open_nursery() as nursery:
+                    for _ in range(3):
+                        nursery.start_soon(sb.exec, "sleep 1000")
+                    await trio.testing.wait_all_tasks_blocked()
+                    nursery.cancel_scope.cancel()
+                # Every exec's process is closed; the sandbox itself is still up. Zombies of
+                # ours from the sandbox's pid namespace were handed to us.
+                handed += reap_adopted_zombies()
+    print(json.dumps(handed))
+
+trio.run(main)
+"""
+
+
+def test_a_cancelled_command_is_reaped_by_its_nsenter_not_handed_up(image: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", _CANCELS, str(image)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == 0
+
+
 def test_children_we_started_are_never_reaped_by_the_sweep() -> None:
     """Reaping a process that Python waits for would steal its exit status."""
     child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])

@@ -73,7 +73,7 @@ def nsenter_argv(
 
 #: How long a kill waits for ``nsenter`` to exit once its child is killed, before it kills
 #: the whole group (the child's zombie then goes to the host's reaper; see ``_kill_group``).
-_NSENTER_EXIT_SEC = 1.0
+_NSENTER_EXIT_SEC = 5.0
 
 
 class LocalProcess:
