@@ -476,6 +476,9 @@ async def kill_namespace(init_pid: int | None, leader: trio.Process, *, what: st
                     break
                 expired = trio.current_time() >= deadline
                 step = min(2 * step, _REAP_STEP_MAX_SEC)
+        # The outer bwrap may exit before its parent shell does; it is handed to us when the
+        # shell exits, which has happened once the shell is reaped, so the last sweep is after.
+        await leader.wait()
         reaped += sum(reap_pidfd(fd) for fd in waits) + reap_adopted_zombies()
     finally:
         for fd in waits:
@@ -490,7 +493,6 @@ async def kill_namespace(init_pid: int | None, leader: trio.Process, *, what: st
             init_pid,
             left,
         )
-    await leader.wait()
     await close_process_streams(leader)
     return KillOutcome(reaped=reaped, timed_out=expired)
 
