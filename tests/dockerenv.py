@@ -383,25 +383,38 @@ def _build_images(root: Path, info: dict[str, object]) -> dict[str, str]:
     return images
 
 
-def _stop(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+def _stop(*pids: int) -> None:
+    """SIGTERM each of ``pids``, wait up to 20 s for them all to exit, SIGKILL what is left.
+
+    The daemons are children of the worker that started them, which may be another worker,
+    alive and not reaping them: an exited one stays a zombie there, which ``kill(pid, 0)``
+    still finds. So exited means gone or a zombie (the wait ran out twice over, 40 s, when
+    the last worker to leave stopped the daemons another one had started).
+    """
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return
-        with contextlib.suppress(ChildProcessError):
-            if os.waitpid(pid, os.WNOHANG)[0] == pid:
-                return
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
+    left = list(pids)
+    while left and time.monotonic() < deadline:
+        for pid in left:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)  # ours: reap it
+        left = [pid for pid in left if _pid_alive(pid)]
+        if left:
+            time.sleep(0.05)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def _pid_alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
+    """Running: neither gone nor a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b") ", 1)[1][:1] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 def sweep_stale_roots(parent: Path = Path("/tmp")) -> None:
@@ -507,8 +520,7 @@ def docker_env() -> Iterator[DockerEnv]:
         with _locked(root):
             me.unlink(missing_ok=True)
             if not list(root.glob("user-*")):
-                _stop(int(info["dockerd_pid"]))  # type: ignore[call-overload]
-                _stop(int(info["registry_pid"]))  # type: ignore[call-overload]
+                _stop(int(info["dockerd_pid"]), int(info["registry_pid"]))  # type: ignore[call-overload]
                 (root / "state.json").unlink(missing_ok=True)
                 shutil.rmtree(root / "dk", ignore_errors=True)
                 shutil.rmtree(root / "reg", ignore_errors=True)
