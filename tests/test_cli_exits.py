@@ -336,15 +336,29 @@ async def test_the_summary_names_each_abort_reason_with_its_message(tmp_path: Pa
 
 
 async def test_policy_flags_are_checked_at_start(tmp_path: Path) -> None:
-    """The engine's API and the sampling flags: refused with the flag named, before any run."""
-    rc, out = await _cli("demo", "--policy-api", "vllm", "--no-progress", cwd=tmp_path)
-    _assert_refused(rc, out, "--policy-api names a real engine's API: give --policy-url")
-    rc, out = await _cli("demo", "--policy-url", "http://127.0.0.1:9", cwd=tmp_path)
-    _assert_refused(rc, out, "--policy-url", "give --tokenizer PATH")
+    """The engine's API and the sampling flags: refused with the flag named, before any run.
+    (Six independent CLI runs, at once.)"""
     path, _ = _demo_rows(tmp_path)
+    runs = {
+        "vllm": ["demo", "--policy-api", "vllm", "--no-progress"],
+        "url": ["demo", "--policy-url", "http://127.0.0.1:9"],
+        "openai": ["run", str(path), "--policy-api", "openai"],
+    }
     for flag, value in (("--temperature", "-1"), ("--top-p", "0"), ("--seed", "-3")):
-        rc, out = await _cli("run", str(path), flag, value, "--out", "r.msgpack", cwd=tmp_path)
-        _assert_refused(rc, out, flag)
-    rc, out = await _cli("run", str(path), "--policy-api", "openai", cwd=tmp_path)
+        runs[flag] = ["run", str(path), flag, value, "--out", "r.msgpack"]
+    got: dict[str, tuple[int, str]] = {}
+
+    async def one(name: str) -> None:
+        got[name] = await _cli(*runs[name], cwd=tmp_path)
+
+    async with trio.open_nursery() as nursery:
+        for name in runs:
+            nursery.start_soon(one, name)
+    _assert_refused(*got["vllm"], "--policy-api names a real engine's API: give --policy-url")
+    _assert_refused(*got["url"], "--policy-url", "give --tokenizer PATH")
+    for flag in ("--temperature", "--top-p", "--seed"):
+        _assert_refused(*got[flag], flag)
+        assert not (tmp_path / "r.msgpack").exists()
+    rc, out = got["openai"]
     assert rc == 2, out
     assert "invalid choice: 'openai'" in out
