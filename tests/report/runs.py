@@ -46,15 +46,21 @@ async def make_results(tmp: Path) -> Path:
     """A results file of 20 real episodes: 16 graded (8 instances x 2), 4 aborted."""
     demo = build_demo_set(tmp / "repos")
     parts = [tmp / "graded.msgpack", tmp / "no-policy.msgpack", tmp / "no-repo.msgpack"]
-    async with open_scripted_policy_server(demo.scripts) as server:
-        await _run(tmp, demo.rows * 2, parts[0], server.url)
-    # Nothing listens on the discard port of loopback: the policy is unreachable.
-    await _run(tmp, demo.rows[:3], parts[1], "http://127.0.0.1:9")
     missing = json.loads(json.dumps(demo.rows[0]))
     meta = missing["metadata"]
     meta["instance_id"] = "demo__missing-1"
     meta["image"] = f"{tmp}/repos/no-such-repo@{meta['image'].rpartition('@')[2]}"
-    await _run(tmp, [missing], parts[2], "http://127.0.0.1:9")
+
+    async def graded() -> None:
+        async with open_scripted_policy_server(demo.scripts) as server:
+            await _run(tmp, demo.rows * 2, parts[0], server.url)
+
+    # The three runs are independent: at once. Nothing listens on the discard port of
+    # loopback: the policy is unreachable.
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(graded)
+        nursery.start_soon(_run, tmp, demo.rows[:3], parts[1], "http://127.0.0.1:9")
+        nursery.start_soon(_run, tmp, [missing], parts[2], "http://127.0.0.1:9")
     out = tmp / "results.msgpack"
     out.write_bytes(b"".join(p.read_bytes() for p in parts))
     return out
