@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -82,9 +83,18 @@ def test_cli_grades_the_last_prediction_and_refuses_unknown_instances(tmp_path: 
     def pred(patch: str, iid: str = "calc__calc-1") -> dict[str, Any]:
         return {"instance_id": iid, "model_name_or_path": "m", "model_patch": patch}
 
+    # Two independent runs, at once (threads: each waits on its process).
     # The gold patch first, an empty one last: the harness grades the empty one. Graded
     # both, the gold one (a sandbox run) would land last and report the instance resolved.
-    out = _grade(tmp_path, [pred(calc.gold), pred("")], [row])
+    # And a prediction outside the dataset: refused before anything runs or is written.
+    bare = tmp_path / "second"
+    bare.mkdir()
+    with ThreadPoolExecutor(2) as pool:
+        graded = pool.submit(_grade, tmp_path, [pred(calc.gold), pred("")], [row])
+        refused = pool.submit(
+            _grade, bare, [pred(calc.gold), pred(calc.gold, "calc__calc-404")], [row]
+        )
+    out = graded.result()
     assert out.returncode == 0, out.stdout + out.stderr
     assert "1 earlier prediction(s)" in out.stdout
     report = json.loads((tmp_path / "out" / "m.r.json").read_text())
@@ -93,10 +103,7 @@ def test_cli_grades_the_last_prediction_and_refuses_unknown_instances(tmp_path: 
     saved = [json.loads(ln) for ln in (tmp_path / "out" / "predictions.jsonl").open()]
     assert [p["model_patch"] for p in saved] == [""]
 
-    # A prediction outside the dataset: refused before anything runs or is written.
-    bare = tmp_path / "second"
-    bare.mkdir()
-    out = _grade(bare, [pred(calc.gold), pred(calc.gold, "calc__calc-404")], [row])
+    out = refused.result()
     assert out.returncode == 2, out.stdout + out.stderr
     assert "not in the dataset: 'calc__calc-404'" in out.stdout + out.stderr
     assert not (bare / "out").exists()
