@@ -4,13 +4,18 @@ is reaped, and a kill never waits out its bound for a zombie nobody reaps."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from trio_swe import open_sandbox
+from trio_swe.sandbox.local import LocalBackend
+from trio_swe.sandbox.local import _process as local_process
 from trio_swe.sandbox.local._reap import reap_adopted_zombies
 
 # Runs as a child subreaper: a command's nsenter dies before the command (so the command is
@@ -133,3 +138,20 @@ def test_children_we_started_are_never_reaped_by_the_sweep() -> None:
     os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)
     assert reap_adopted_zombies() == 0
     assert child.wait() == 7
+
+
+async def test_a_stuck_nsenter_is_killed_after_its_bound_and_logged(
+    image: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An nsenter that does not exit once its child is killed (here: stopped) is not waited
+    for past the bound: its group is killed, and the wait that ran out is logged."""
+    monkeypatch.setattr(local_process, "_NSENTER_EXIT_SEC", 0.2)
+    async with LocalBackend() as backend, open_sandbox(backend, str(image)) as sb:
+        proc = await sb.start_process(["sh", "-c", "echo up; exec sleep 1000"])
+        assert proc.stdout is not None
+        assert await proc.stdout.receive_some() == b"up\n"  # nsenter's child runs
+        os.kill(proc.pid, signal.SIGSTOP)
+        with caplog.at_level(logging.WARNING, logger="trio_swe.sandbox"):
+            await proc.aclose()
+        assert proc.returncode == -signal.SIGKILL
+    assert f"nsenter {proc.pid} did not exit" in caplog.text

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import shutil
 import signal
@@ -26,6 +27,8 @@ import trio
 from ..._errors import BackendUnavailableError, InvalidArgumentError, SandboxError
 from ._reap import children_of, parent_of
 from ._users import SandboxUser
+
+logger = logging.getLogger("trio_swe.sandbox")
 
 #: Where the launcher's tools are looked up: system directories, which the sandbox sees too
 #: (its root is the host's, read-only, except the private /tmp and /root).
@@ -122,8 +125,15 @@ class LocalProcess:
             pidfd = None
         try:
             if pidfd is not None and _kill_children(self.pid):
-                with trio.move_on_after(_NSENTER_EXIT_SEC):
+                with trio.move_on_after(_NSENTER_EXIT_SEC) as waited:
                     await trio.lowlevel.wait_readable(pidfd)  # exited, not reaped
+                if waited.cancelled_caught:
+                    logger.warning(
+                        "nsenter %d did not exit %.0f s after its child was killed; killing "
+                        "its group (the child's zombie goes to the host's reaper)",
+                        self.pid,
+                        _NSENTER_EXIT_SEC,
+                    )
             try:
                 os.killpg(self.pid, signal.SIGKILL)
             except ProcessLookupError:
