@@ -93,7 +93,7 @@ async def test_a_worker_killed_mid_boot_leaves_nothing(tmp_path: Path, children_
         await worker.wait()
         await worker.stdout.aclose()
         left = await host_pids_gone(str(state), within=30)
-        assert left == [], [_cmdline(p) for p in left]
+        assert left == [], [_describe(p) for p in left]
 
 
 def _full_pipe() -> tuple[int, int]:
@@ -162,6 +162,20 @@ def _cmdline(pid: int) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()[:200]
     except OSError:
         return b"(gone)"
+
+
+def _describe(pid: int) -> dict[str, object]:
+    """What a process left over is doing: its command, state, where it waits in the kernel,
+    and its children's commands (so that a failure says why, not only what)."""
+    out: dict[str, object] = {"pid": pid, "cmdline": _cmdline(pid), "state": _state(pid)}
+    for name in ("wchan", "stack"):
+        try:
+            out[name] = Path(f"/proc/{pid}/{name}").read_text()[:400]
+        except OSError:
+            pass
+    with contextlib.suppress(OSError):
+        out["children"] = [(c, _state(c), _cmdline(c)[:80]) for c in _children(pid)]
+    return out
 
 
 def _state(pid: int) -> str:
