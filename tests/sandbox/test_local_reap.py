@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -69,18 +70,24 @@ def image(tmp_path: Path) -> Path:
     return img
 
 
-def test_a_subreaper_reaps_what_it_is_handed_and_kills_without_waiting_out_the_bound(
-    image: Path,
-) -> None:
+def _run_script(script: str, image: Path) -> Any:
+    """Run ``script`` (it makes itself a child subreaper) in a process of its own; the JSON it
+    prints."""
     done = subprocess.run(
-        [sys.executable, "-c", _OWNER, str(image)],
+        [sys.executable, "-c", script, str(image)],
         capture_output=True,
         text=True,
         timeout=300,
         check=False,
     )
     assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
+    return json.loads(done.stdout)
+
+
+def test_a_subreaper_reaps_what_it_is_handed_and_kills_without_waiting_out_the_bound(
+    image: Path,
+) -> None:
+    report = _run_script(_OWNER, image)
     assert report["zombies"] == []
     for timed_out, reaped in report["kills"]:
         assert timed_out is False
@@ -120,15 +127,7 @@ trio.run(main)
 
 
 def test_a_cancelled_command_is_reaped_by_its_nsenter_not_handed_up(image: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", _CANCELS, str(image)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == 0
+    assert _run_script(_CANCELS, image) == 0
 
 
 def test_children_we_started_are_never_reaped_by_the_sweep() -> None:
