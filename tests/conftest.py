@@ -144,17 +144,23 @@ async def host_pids_gone(marker: str, within: float = 10.0) -> list[int]:
     For processes killed, or being killed, by the code under test: a killed process runs no
     more code, but it stays in ``/proc`` with its command line until the kernel has torn it
     down, which on a loaded machine can be after the call that killed it returned. A process
-    that was never killed outlives ``within`` and is returned."""
+    that was never killed outlives ``within`` and is returned.
+
+    Listed again until a listing is empty: a process in the middle of an ``execve`` reads
+    with an empty command line, so one listing can miss a process that is still there (a
+    killed worker's boot, between ``unshare`` and the shell it runs, was missed so)."""
     with trio.move_on_after(within):
-        for pid in host_pids_with(marker):
-            try:
-                fd = os.pidfd_open(pid)
-            except ProcessLookupError:
-                continue
-            try:
-                await trio.lowlevel.wait_readable(fd)  # readable once the process has exited
-            finally:
-                os.close(fd)
+        while found := host_pids_with(marker):
+            for pid in found:
+                try:
+                    fd = os.pidfd_open(pid)
+                except ProcessLookupError:
+                    continue
+                try:
+                    await trio.lowlevel.wait_readable(fd)  # readable once the process has exited
+                finally:
+                    os.close(fd)
+        return []
     return host_pids_with(marker)
 
 
