@@ -60,7 +60,9 @@ class Fault(msgspec.Struct, frozen=True, kw_only=True):
         probability: chance that a matching request gets the fault.
         times: injections left for this rule (``None``: unlimited).
         skip: let this many matching requests through first.
-        after_sec: seconds into the response before a stream fault fires.
+        after_sec: seconds into the response before a stream fault fires, counted from the
+            response's headers (over HTTP/2; a loaded server may take longer than that to
+            answer at all); ``0``: at once, before any of the response.
         status: HTTP status of a ``"status"`` fault.
         retry_after: ``Retry-After`` seconds of a ``"status"`` fault.
         delay_sec: added latency of a ``"latency"`` fault.

@@ -223,6 +223,9 @@ class _H2Relay:
         self.dropped: set[int] = set()  # client streams never forwarded
         self.silenced: set[int] = set()  # reset or hung: the server's DATA is swallowed
         self.pending: dict[int, Fault] = {}  # stream faults scheduled and not yet fired
+        # Set once a pending fault's response has started (its headers went to the client):
+        # ``after_sec`` counts from there.
+        self.answered: dict[int, trio.Event] = {}
         self.goaway_sent = False
         self.drained = trio.Event()
         self._nursery: trio.Nursery | None = None
@@ -244,6 +247,10 @@ class _H2Relay:
                 nursery.start_soon(self._s2c)
         except* (_Closing, trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
+
+    def _answered(self, sid: int) -> None:
+        if (event := self.answered.get(sid)) is not None:
+            event.set()
 
     def _stream_done(self, sid: int) -> None:
         self.open.discard(sid)
@@ -288,6 +295,7 @@ class _H2Relay:
                 if ftype == RST_STREAM:
                     self._stream_done(sid)
                     self.pending.pop(sid, None)
+                    self._answered(sid)
                 out += raw
             if out:
                 await self.to_upstream(bytes(out))
@@ -333,6 +341,7 @@ class _H2Relay:
             if fault is not None and trigger is not None:
                 assert self._nursery is not None
                 self.pending[sid] = fault
+                self.answered[sid] = trio.Event()  # dropped by _fire_later
                 self._nursery.start_soon(self._fire_later, sid, fault, trigger)
         encoded = self.encoder.encode(headers)
         end = flags & END_STREAM
@@ -359,9 +368,23 @@ class _H2Relay:
         # "hang": the request silently goes nowhere.
 
     async def _fire_later(self, sid: int, fault: Fault, trigger: trio.Event) -> None:
-        # Due after ``after_sec``, or earlier when the app says the process ended first.
-        with trio.move_on_after(fault.after_sec):
-            await trigger.wait()
+        # Due ``after_sec`` into the response, counted from its headers (on a loaded machine
+        # the server can take longer than that to answer at all), or earlier when the app
+        # says the process ended first; ``0``: at once, before any of the response.
+        try:
+            if fault.after_sec > 0:
+                async with trio.open_nursery() as nursery:
+
+                    async def ended() -> None:
+                        await trigger.wait()
+                        nursery.cancel_scope.cancel()
+
+                    nursery.start_soon(ended)
+                    await self.answered[sid].wait()
+                    await trio.sleep(fault.after_sec)
+                    nursery.cancel_scope.cancel()
+        finally:
+            del self.answered[sid]
         if self.pending.pop(sid, None) is None:
             return  # already fired when the response ended, or the client reset the stream
         await self._fire(sid, fault, server_done=False)
@@ -406,6 +429,7 @@ class _H2Relay:
             frames.feed(data)
             out = bytearray()
             credit = 0
+            answered: list[int] = []  # pending faults' streams whose headers are in ``out``
             while (f := frames.pop()) is not None:
                 ftype, flags, sid, payload, raw = f
                 if flags & END_STREAM and ftype in (DATA, HEADERS) and sid in self.pending:
@@ -421,6 +445,7 @@ class _H2Relay:
                     self._stream_done(sid)
                     await self._flush_s2c(out, credit)
                     out, credit = bytearray(), 0
+                    self._answered(sid)
                     await self._fire(sid, fault, server_done=True)
                     continue
                 if ftype == DATA and sid in self.silenced:
@@ -435,8 +460,12 @@ class _H2Relay:
                         ident, value = struct.unpack_from(">HI", payload, i)
                         if ident == _SETTINGS_MAX_FRAME_SIZE:
                             self.upstream_max_frame = value
+                if ftype == HEADERS and sid in self.answered:
+                    answered.append(sid)
                 out += raw
             await self._flush_s2c(out, credit)
+            for sid in answered:
+                self._answered(sid)
 
     async def _flush_s2c(self, out: bytearray, credit: int) -> None:
         if credit:
