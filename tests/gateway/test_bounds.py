@@ -14,7 +14,7 @@ import httpx
 import trio
 
 from trio_swe.gateway import Gateway, open_gateway
-from trio_swe.gateway._server import BIG_REQUEST_BYTES
+from trio_swe.gateway._server import BIG_RENDER_TOKENS, BIG_REQUEST_BYTES
 
 from ._support import WatchedTokenizer, scripted_policy
 from .test_http import READ, SYSTEM, TASK, assert_error_shape, chat_body, until
@@ -138,6 +138,39 @@ async def test_a_continued_history_renders_and_tokenizes_only_its_new_part() -> 
             assert b.prompt_ids_list()[: len(a.prompt_ids) + len(a.output_ids)] == (
                 a.prompt_ids_list() + a.output_ids_list()
             )
+
+
+async def test_a_big_history_resent_with_a_small_delta_leaves_the_heap_alone() -> None:
+    # The heap is trimmed after a request that rendered a big prompt (its transient memory),
+    # not after every big body: a long history resent whole renders only its new part.
+    tok = WatchedTokenizer()
+    big = TASK + "\n" + "word " * (BIG_RENDER_TOKENS + 1000)
+    async with watched_gateway(tok) as (gw, client):
+        session = gw.open_session("ep-big", sampling_params={"max_new_tokens": 64})
+        auth = {"authorization": f"Bearer {session.api_key}"}
+        messages: list[dict[str, Any]] = [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": big},
+        ]
+        sizes = []
+        for turn in range(2):
+            body = json.dumps(chat_body(messages)).encode()
+            sizes.append(len(body))
+            r = await client.post(
+                "/v1/chat/completions",
+                content=body,
+                headers={**auth, "content-type": "application/json"},
+            )
+            assert r.status_code == 200, r.text
+            reply = r.json()["choices"][0]["message"]
+            messages.append({"role": "assistant", "content": reply["content"]})
+            messages.append({"role": "user", "content": f"Go on ({turn})."})
+        stats = session.statistics()
+    assert min(sizes) >= BIG_REQUEST_BYTES
+    assert stats.rendered_tokens >= BIG_RENDER_TOKENS  # the first prompt, whole
+    assert stats.delta_tokens < 100  # then a small delta
+    # Read once the server has ended: every request's handler (and its trim) is done.
+    assert gw.statistics().heap_trims == 1
 
 
 async def test_a_small_request_is_served_while_big_ones_of_other_sessions_tokenize() -> None:

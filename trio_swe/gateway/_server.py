@@ -67,6 +67,11 @@ DEFAULT_MAX_PROMPT_TOKENS = 1 << 20
 #: A request whose body is at least this big tokenizes on at most ``tokenizer_threads - 1``
 #: threads, so small requests of other sessions always find one.
 BIG_REQUEST_BYTES = 256 * 1024
+#: A request that rendered at least this many tokens (or failed before it knew, with a body of
+#: ``BIG_REQUEST_BYTES`` or more) hands the heap's free memory back to the system once done.
+#: A long history resent whole is a big body that renders a few hundred new tokens: its
+#: transient memory is small, and a trim per request would cost it ~0.3 ms for nothing.
+BIG_RENDER_TOKENS = BIG_REQUEST_BYTES // 4
 
 
 class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
@@ -84,6 +89,9 @@ class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
         chat_models_cached: chat models in the cache now.
         chat_models_cached_bytes: the JSON bytes of their tool lists (``tool_cache_bytes``
             bounds it).
+        heap_trims: requests after which the heap's free memory went back to the system (a
+            body of ``BIG_REQUEST_BYTES`` or more that rendered ``BIG_RENDER_TOKENS`` or more,
+            or failed before it knew).
     """
 
     requests: int
@@ -96,6 +104,7 @@ class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
     chat_models: int
     chat_models_cached: int = 0
     chat_models_cached_bytes: int = 0
+    heap_trims: int = 0
 
 
 class GatewaySession:
@@ -201,6 +210,7 @@ class Gateway:
             "policy_errors": 0,
             "disconnects": 0,
             "chat_models": 0,
+            "heap_trims": 0,
         }
         self._by_status: dict[int, int] = {}
 
@@ -321,6 +331,7 @@ class Gateway:
             chat_models=self._stats["chat_models"],
             chat_models_cached=len(self._models),
             chat_models_cached_bytes=self._models.nbytes,
+            heap_trims=self._stats["heap_trims"],
         )
 
     # -- ASGI ----------------------------------------------------------------------------------
@@ -342,9 +353,12 @@ class Gateway:
             try:
                 await exchange.handle()
             finally:
-                if exchange.size >= BIG_REQUEST_BYTES:
+                if exchange.size >= BIG_REQUEST_BYTES and (
+                    exchange.rendered is None or exchange.rendered >= BIG_RENDER_TOKENS
+                ):
                     # Its transient memory (tokenizer encodings, the rendered text) is free
                     # now: hand it back to the system (a thread: ctypes drops the GIL).
+                    self._stats["heap_trims"] += 1
                     with trio.CancelScope(shield=True):
                         await trio.to_thread.run_sync(trim_memory)
         except ApiError as exc:
@@ -398,6 +412,8 @@ class _Exchange:
         self.started = False
         #: The request body's size once read.
         self.size = 0
+        #: Tokens rendered for the request, once its prompt is built.
+        self.rendered: int | None = None
         #: Ends a started stream with an error event (set once a stream started).
         self.stream_error: Callable[[str, str], bytes] | None = None
 
@@ -562,6 +578,7 @@ class _Exchange:
         del body  # parsed: the bytes need not live through the policy call
         pending = await self.gw.tokenize(handle, size, session.build, session.place(conv))
         session.count(pending)
+        self.rendered = pending.rendered_tokens + pending.delta_tokens
         if pending.overflow:
             session.record_overflow(pending)
             n, limit = pending.overflow_tokens, session.context_limit
