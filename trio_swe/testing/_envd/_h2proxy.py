@@ -254,6 +254,7 @@ class _H2Relay:
 
     def _stream_done(self, sid: int) -> None:
         self.open.discard(sid)
+        self._answered(sid)  # no headers will come now: its fault stops waiting for them
         if self.goaway_sent and not self.open:
             self.drained.set()
 
@@ -295,7 +296,6 @@ class _H2Relay:
                 if ftype == RST_STREAM:
                     self._stream_done(sid)
                     self.pending.pop(sid, None)
-                    self._answered(sid)
                 out += raw
             if out:
                 await self.to_upstream(bytes(out))
