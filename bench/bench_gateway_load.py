@@ -136,13 +136,17 @@ class _Peak:
         return self.peak - self.base
 
 
-class _Marking:
-    """The bench's policy, noting the RSS peak so far when the gateway calls it."""
+class _Watched:
+    """The bench's policy, as the gateway calls it: notes the RSS peak so far (``peak`` set)
+    and adds up the event loop thread's CPU during the call (the token-in request's JSON of
+    every prompt id, its bytes through the loopback, the reply's parse): the policy call's
+    part of a request, measured in the request itself."""
 
     def __init__(self, policy: SGLangPolicy) -> None:
         self.policy = policy
         self.peak: _Peak | None = None
         self.before = 0  # the peak growth before the last call
+        self.cpu = 0.0
 
     async def generate(
         self,
@@ -153,25 +157,6 @@ class _Marking:
     ) -> PolicyOutput:
         if self.peak is not None:
             self.before = max(self.peak.peak, _rss()) - self.peak.base
-        return await self.policy.generate(input_ids, sampling_params, session_id=session_id)
-
-
-class _Metered:
-    """The bench's policy, adding up the event loop thread's CPU while the gateway calls it
-    (the token-in request's JSON of every prompt id, its bytes through the loopback, the
-    reply's parse): the policy call's part of a request, measured in the request itself."""
-
-    def __init__(self, policy: SGLangPolicy) -> None:
-        self.policy = policy
-        self.cpu = 0.0
-
-    async def generate(
-        self,
-        input_ids: Sequence[int],
-        sampling_params: Mapping[str, Any],
-        *,
-        session_id: str | None = None,
-    ) -> PolicyOutput:
         c0 = time.thread_time()
         try:
             return await self.policy.generate(input_ids, sampling_params, session_id=session_id)
@@ -219,7 +204,7 @@ async def _body_sizes(url: str, tok: Any, direct: SGLangPolicy) -> None:
     print(head)
     async with (
         SGLangPolicy(url) as policy,
-        open_gateway(marking := _Marking(policy), tok, max_body_bytes=16 * 1024 * 1024) as gw,
+        open_gateway(marking := _Watched(policy), tok, max_body_bytes=16 * 1024 * 1024) as gw,
         httpx.AsyncClient(base_url=str(gw.url), timeout=600) as client,
     ):
         warm = gw.open_session("b")  # the chat model of these tools, built once
@@ -310,7 +295,7 @@ async def _history(url: str, tok: Any, keep_sampled: bool, turns: int) -> dict[i
     out: dict[int, Any] = {}
     async with (
         SGLangPolicy(url) as policy,
-        open_gateway(metered := _Metered(policy), tok, keep_sampled=keep_sampled) as gw,
+        open_gateway(metered := _Watched(policy), tok, keep_sampled=keep_sampled) as gw,
         _ThreadClient(str(gw.url)) as client,
     ):
         handle = gw.open_session("b")
