@@ -326,13 +326,54 @@ async def test_budget_overrun_kills_every_process(backend: Backend, image: Path)
 
 
 async def test_overrun_with_want_output_returns_everything(backend: Backend, image: Path) -> None:
+    """Everything the command printed before its budget ran out comes back. A loaded machine may
+    not have printed it all within a budget (or even started the command): each run must return
+    a prefix of it, and the budget doubles until one run has printed it all."""
+    everything = "".join(f"{k}\n" for k in range(1, 3001))
     async with sandbox(backend, image) as sb:
+        for attempt in range(6):  # budgets of 1 to 32 s
+            tag = f"ovr{attempt}"
+            r = await exec_and_wait(
+                sb, "seq 1 3000; sleep 30", time_budget_sec=2.0**attempt, want_output=True, tag=tag
+            )
+            assert (r.exit_code, r.reason, r.output_truncated) == (-1, "time_budget", False)
+            assert everything.startswith(r.output), r.output[-100:]
+            assert await leftover_dirs(sb, [tag]) == []
+            if r.output == everything:
+                break
+        assert r.output == everything
+
+
+class HeldSpawnSandbox(ProxySandbox):
+    """Holds the spawn RPC until the caller is cancelled: the budget runs out with the command
+    file written and nothing started (a loaded sandbox slow to answer)."""
+
+    async def exec(self, cmd: str, **kw: Any) -> ExecResult:
+        if "setsid" in cmd:
+            await trio.sleep_forever()
+        return await super().exec(cmd, **kw)
+
+
+@pytest.mark.parametrize("want_output", [True, False])
+async def test_overrun_before_the_spawn_returns_nothing(
+    backend: Backend, image: Path, want_output: bool
+) -> None:
+    """An overrun before the command started is an overrun with no output (it used to raise
+    SandboxFileNotFoundError with want_output: the output file did not exist yet)."""
+    token = new_token()
+    async with sandbox(backend, image) as sb:
+        proxy = HeldSpawnSandbox(sb)
         r = await exec_and_wait(
-            sb, "seq 1 3000; sleep 30", time_budget_sec=1.0, want_output=True, tag="ovr"
+            proxy,  # type: ignore[arg-type]
+            f"echo ran > /tmp/{token}.ran",
+            time_budget_sec=0.5,
+            want_output=want_output,
+            tag=token,
         )
-        assert (r.exit_code, r.reason) == (-1, "time_budget")
-        assert r.output == "".join(f"{k}\n" for k in range(1, 3001))
-        assert await leftover_dirs(sb, ["ovr"]) == []
+        assert (r.exit_code, r.reason, r.output) == (-1, "time_budget", "")
+        assert await leftover_dirs(sb, [token]) == []
+        ran = await sb.exec(f"test -e /tmp/{token}.ran", cwd="/")
+        assert ran.exit_code == 1  # and no late spawn can start it
 
 
 async def test_zero_budget(backend: Backend, image: Path) -> None:

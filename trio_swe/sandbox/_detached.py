@@ -456,7 +456,8 @@ class _Call:
             _, size = parse_killed(kill_reply)
             tail = kill_reply.tail
         try:
-            if self.want_output and kill_reply.state == "killed":
+            # Size 0: nothing to read, and no file when the budget ran out before the spawn.
+            if self.want_output and kill_reply.state == "killed" and size:
                 output, truncated = await self._output("", 0, size, force_full=True)
             else:
                 output, truncated = tail, size > DEFAULT_TAIL_BYTES
