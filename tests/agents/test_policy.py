@@ -54,8 +54,19 @@ async def test_cancelled_generation_is_aborted_on_the_server() -> None:
         ) as server,
         SGLangPolicy(server.url) as policy,
     ):
-        with trio.move_on_after(0.5) as scope:
-            await policy.generate(TOK.encode(PROMPT), {})
+        with trio.CancelScope() as scope:
+
+            async def cancel_once_generating() -> None:
+                # Once the server generates (a fixed delay raced a loaded machine: cancelled
+                # before the request arrived, the abort came first and the generation after).
+                with trio.fail_after(60):  # a hang guard only
+                    while not server.statistics().active:  # noqa: ASYNC110 (no event to wait on)
+                        await trio.sleep(0.01)
+                scope.cancel()
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(cancel_once_generating)
+                await policy.generate(TOK.encode(PROMPT), {})
         assert scope.cancelled_caught
         assert len(server.aborted_rids) == 1
         assert policy.statistics().aborts == 1

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import textwrap
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,7 @@ class CalcRepo:
     fake_f2p: str
     no_apply: str
     hang: str
+    hang_marker: str  # in the command line of the process that hangs (unique per repo)
 
     @property
     def image(self) -> str:
@@ -303,10 +305,23 @@ def build_calc_repo(root: Path) -> CalcRepo:
     )
     # Plants a passing test_fail_to_pass.py where Scale-SWE's f2p script goes.
     fake_f2p = _diff(repo, "test_fail_to_pass.py", "def test_clamp_high():\n    pass\n")
-    # Fixes the bug but makes importing the package hang: the suite outlives any budget.
-    hang = _diff(repo, "calc/__init__.py", "import time\n\ntime.sleep(600)\n\n\n" + FIXED)
+    # Fixes the bug but makes importing the package hang: the suite outlives any budget. The
+    # process that hangs carries a marker a test can find it by.
+    marker = f"calc-hang-{uuid.uuid4().hex}"
+    hang_src = f"import os\n\nos.execvp('sh', ['sh', '-c', 'sleep 600', {marker!r}])\n\n\n"
+    hang = _diff(repo, "calc/__init__.py", hang_src + FIXED)
     return CalcRepo(
-        repo, base, test_patch, gold, break_p2p, cheat, cheat_after_setup, fake_f2p, no_apply, hang
+        repo,
+        base,
+        test_patch,
+        gold,
+        break_p2p,
+        cheat,
+        cheat_after_setup,
+        fake_f2p,
+        no_apply,
+        hang,
+        marker,
     )
 
 

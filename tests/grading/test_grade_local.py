@@ -25,6 +25,7 @@ from trio_swe.grading import (
 )
 from trio_swe.sandbox.local import LocalBackend
 
+from ..conftest import host_pids_gone, host_pids_with
 from ._calc import CalcRepo, build_calc_repo
 
 # The calc suite needs no pytest plugins; loading the venv's (hypothesis, xdist, trio...) in
@@ -251,13 +252,22 @@ async def test_cancellation_leaves_no_sandbox(
     calc: CalcRepo, grading_backend: LocalBackend
 ) -> None:
     md = get_metadata(calc.scaleswe_f2p_row(), "scaleswe")
-    # Late enough that the suite (which hangs) is running, whatever the machine's load.
-    with trio.move_on_after(4.0) as scope:
-        await run_evaluation(grading_backend, md, calc.hang, timeout_sec=BUDGET_SEC)
+    with trio.CancelScope() as scope:
+
+        async def cancel_once_the_suite_hangs() -> None:
+            with trio.fail_after(120):  # a hang guard only
+                while not host_pids_with(calc.hang_marker):  # noqa: ASYNC110 (no event)
+                    await trio.sleep(0.05)
+            scope.cancel()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(cancel_once_the_suite_hangs)
+            await run_evaluation(grading_backend, md, calc.hang, timeout_sec=BUDGET_SEC)
     assert scope.cancelled_caught
     stats = grading_backend.statistics()
     assert stats.created == 1
     assert stats.live == 0
+    assert await host_pids_gone(calc.hang_marker) == []
 
 
 async def test_swepro_parser_writing_junk_is_infrastructure(
