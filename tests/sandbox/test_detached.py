@@ -307,22 +307,26 @@ def tree_command(token: str) -> str:
 
 
 async def test_budget_overrun_kills_every_process(backend: Backend, image: Path) -> None:
-    token = new_token()
-    budget = 2.0
+    """Each overrun kills all it started. Positive control: all four processes were running
+    when the budget ran out; a loaded machine may not have started them all within a budget,
+    so it doubles until one run has (each run is checked for leftovers all the same)."""
     async with sandbox(backend, image) as sb:
-        t0 = trio.current_time()
-        r = await exec_and_wait(sb, tree_command(token), time_budget_sec=budget, tag=token)
-        elapsed = trio.current_time() - t0
-        assert (r.exit_code, r.reason) == (EXIT_TIME_BUDGET_EXCEEDED, "time_budget")
-        # The command never ends by itself: returning at all proves the budget cut it. The
-        # slack is for a loaded machine (one run at load 30 took 5 s, idle ones 2.1 s).
-        assert elapsed <= budget + 15.0
-        assert r.duration_sec <= budget + 15.0
-        # Positive control: all four were running when the budget ran out.
-        for what in ("setsid", "scrubbed", "daemon", "fg"):
-            assert f"up-{what}" in r.output
-        assert await pids_with(sb, token) == []
-        assert await leftover_dirs(sb, [token]) == []
+        for attempt in range(5):  # budgets of 2 to 32 s
+            token, budget = new_token(), 2.0 * 2**attempt
+            t0 = trio.current_time()
+            r = await exec_and_wait(sb, tree_command(token), time_budget_sec=budget, tag=token)
+            elapsed = trio.current_time() - t0
+            assert (r.exit_code, r.reason) == (EXIT_TIME_BUDGET_EXCEEDED, "time_budget")
+            # The command never ends by itself: returning at all proves the budget cut it. The
+            # slack is for a loaded machine (one run at load 30 took 5 s, idle ones 2.1 s).
+            assert elapsed <= budget + 15.0
+            assert r.duration_sec <= budget + 15.0
+            assert await pids_with(sb, token) == []
+            assert await leftover_dirs(sb, [token]) == []
+            up = [w for w in ("setsid", "scrubbed", "daemon", "fg") if f"up-{w}" in r.output]
+            if len(up) == 4:
+                break
+        assert len(up) == 4, r.output
 
 
 async def test_overrun_with_want_output_returns_everything(backend: Backend, image: Path) -> None:
