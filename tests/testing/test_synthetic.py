@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import AsyncIterator
 
@@ -76,8 +77,12 @@ async def test_detached_calls_are_timers(
                     await exec_and_wait(sb, "exit 4", time_budget_sec=30, tag="t")
                 ).exit_code == 4
 
+            # Held until the test cancels it (a fixed budget could run out first under load).
+            held = trio.CancelScope()
+
             async def long() -> None:
-                await exec_and_wait(sb, "sleep 60", time_budget_sec=1.5, tag="busy")
+                with held:
+                    await exec_and_wait(sb, "sleep 60", time_budget_sec=math.inf, tag="busy")
 
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(long)
@@ -85,6 +90,8 @@ async def test_detached_calls_are_timers(
                 assert "/tmp/.trio_swe/busy" in _state(sb, server).calls
                 with pytest.raises(InvalidArgumentError, match="in use"):
                     await exec_and_wait(sb, "true", time_budget_sec=30, tag="busy")
+                held.cancel()
+            assert held.cancelled_caught
             await wait_cleanups(sb)
             state = _state(sb, server)
             assert state.calls == {}
