@@ -97,15 +97,19 @@ async def test_caps_refuse_early_in_each_apis_error_shape() -> None:
         assert stats.turns == 0  # a first prompt refused before it was tokenized: no turn
 
 
+def open_conversation(
+    gw: Any, key: str, task: str
+) -> tuple[Any, dict[str, str], list[dict[str, Any]]]:
+    """A session for a chat conversation: its handle, auth headers, first two messages."""
+    session = gw.open_session(key, sampling_params={"max_new_tokens": 64})
+    auth = {"authorization": f"Bearer {session.api_key}"}
+    return session, auth, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
+
+
 async def test_a_continued_history_renders_and_tokenizes_only_its_new_part() -> None:
     tok = WatchedTokenizer()
     async with watched_gateway(tok) as (gw, client):
-        session = gw.open_session("ep-long", sampling_params={"max_new_tokens": 64})
-        auth = {"authorization": f"Bearer {session.api_key}"}
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": TASK},
-        ]
+        session, auth, messages = open_conversation(gw, "ep-long", TASK)
         encoded: list[int] = []
         for turn in range(40):
             before = tok.encoded_chars
@@ -146,12 +150,7 @@ async def test_a_big_history_resent_with_a_small_delta_leaves_the_heap_alone() -
     tok = WatchedTokenizer()
     big = TASK + "\n" + "word " * (BIG_RENDER_TOKENS + 1000)
     async with watched_gateway(tok) as (gw, client):
-        session = gw.open_session("ep-big", sampling_params={"max_new_tokens": 64})
-        auth = {"authorization": f"Bearer {session.api_key}"}
-        messages: list[dict[str, Any]] = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": big},
-        ]
+        session, auth, messages = open_conversation(gw, "ep-big", big)
         sizes = []
         for turn in range(2):
             body = json.dumps(chat_body(messages)).encode()
