@@ -29,8 +29,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-#: An engine already serving (``python -m trio_swe.testing._engine DIR`` prints its URL) and
-#: its checkpoint folder, to iterate on the suite without a 40 s start per run.
+#: An engine already serving (``python -m trio_swe.testing._engine DIR`` prints its URL), its
+#: checkpoint folder and (optional) log, to iterate on the suite without a 40 s start per run.
 RUNNING = os.environ.get("TRIO_SWE_ENGINE_URL")
 
 
@@ -46,7 +46,36 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def engine(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VLLMEngine]:
     """vLLM serving :func:`checkpoint` on 127.0.0.1 for the whole session."""
     if RUNNING:
-        yield VLLMEngine(url=RUNNING, checkpoint=checkpoint, log=Path("/dev/null"))
+        log = Path(os.environ.get("TRIO_SWE_ENGINE_LOG", "/dev/null"))
+        yield VLLMEngine(url=RUNNING, checkpoint=checkpoint, log=log)
         return
     with VLLMEngineProcess(checkpoint, workdir=tmp_path_factory.mktemp("vllm")) as running:
         yield running
+
+
+#: How much of the engine's log a failed test shows (its part of the log, metrics scrapes left
+#: out): CI keeps no engine log, and a slow or stuck engine is only explained by it.
+LOG_TAIL_LINES = 80
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    engine = getattr(item, "funcargs", {}).get("engine")
+    log = engine.log if isinstance(engine, VLLMEngine) and engine.log.is_file() else None
+    start = log.stat().st_size if log else 0
+    try:
+        return (yield)
+    except BaseException:
+        if log is not None:
+            with log.open("rb") as f:
+                f.seek(start)
+                lines = f.read().decode(errors="replace").splitlines()
+            scrapes = sum("GET /metrics" in line for line in lines)
+            kept = [line for line in lines if "GET /metrics" not in line][-LOG_TAIL_LINES:]
+            item.add_report_section(
+                "call",
+                "engine log",
+                f"({scrapes} metrics scrapes left out; the last {len(kept)} other lines)\n"
+                + "\n".join(kept),
+            )
+        raise

@@ -140,6 +140,9 @@ class EngineSpec:
             self.logprobs_mode,
             "--seed",
             "0",
+            # Each request's arrival, admission and abort in the log (ids and parameters, no
+            # prompts): a test that finds the engine slow or stuck is explained by it.
+            "--enable-log-requests",
             *self.extra_args,
         ]
 
@@ -153,7 +156,7 @@ class EngineSpec:
                 "VLLM_CACHE_ROOT": str(self.cache_dir / "vllm"),
                 "TORCHINDUCTOR_CACHE_DIR": str(self.cache_dir / "inductor"),
                 "VLLM_SERVER_DEV_MODE": "1",  # /pause, /resume: SkyRL's external engine
-                "VLLM_LOGGING_LEVEL": "WARNING",
+                "VLLM_LOGGING_LEVEL": "INFO",  # the requests, and the engine's load every 10 s
             }
         )
         return env
