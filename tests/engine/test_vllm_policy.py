@@ -3,8 +3,11 @@ log-probs that a re-score with the checkpoint's weights gives back; cancellation
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 
 import httpx
@@ -106,9 +109,66 @@ async def test_rollout_log_probs_are_what_the_weights_give_at_the_sampling_tempe
 LONG_GENERATION = 30_000
 
 
-@pytest.mark.parametrize("streamed", [False, True])
+async def until_taken(engine: VLLMEngine, prompts_before: float, within: float = 120) -> None:
+    """Until the engine has taken a request: its prompt counter grew (a slow scrape, the server
+    busy generating, still sees it however late it answers) or it runs one. Polled gently: a
+    scrape costs the engine's API server CPU. Fails naming what the scrapes saw."""
+    seen: list[tuple[float, float, float]] = []
+    with trio.move_on_after(within):
+        while True:
+            prompts = await metric(engine, "vllm:prompt_tokens_total")
+            running = await metric(engine, "vllm:num_requests_running")
+            waiting = await metric(engine, "vllm:num_requests_waiting")
+            seen.append((prompts - prompts_before, running, waiting))
+            if prompts > prompts_before or running > 0:
+                return
+            await trio.sleep(0.2)
+    raise AssertionError(
+        f"the engine was not seen taking the request in {within:.0f} s; {len(seen)} scrapes, "
+        f"the last (new prompt tokens, running, waiting): {seen[-5:]}"
+    )
+
+
+@asynccontextmanager
+async def open_sticky_proxy(port: int) -> AsyncIterator[tuple[str, list[trio.SocketStream]]]:
+    """A TCP proxy to 127.0.0.1:``port`` that keeps each upstream connection open after its
+    client left (as a pooling proxy does): the server behind it sees no disconnect. Yields its
+    URL and the upstream connections, closed when the block ends."""
+    upstreams: list[trio.SocketStream] = []
+
+    async def pump_up(client: trio.SocketStream, upstream: trio.SocketStream) -> None:
+        # The client's EOF or reset ends this direction only: it is never passed on.
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            async for chunk in client:
+                await upstream.send_all(chunk)
+
+    async def pump_down(client: trio.SocketStream, upstream: trio.SocketStream) -> None:
+        async for chunk in upstream:
+            with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+                await client.send_all(chunk)  # once the client is gone: read on, drop
+
+    async def serve(client: trio.SocketStream) -> None:
+        upstream = await trio.open_tcp_stream("127.0.0.1", port)
+        upstreams.append(upstream)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pump_up, client, upstream)
+            nursery.start_soon(pump_down, client, upstream)
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(partial(trio.serve_tcp, serve, 0, host="127.0.0.1"))
+        yield f"http://127.0.0.1:{listeners[0].socket.getsockname()[1]}", upstreams
+        nursery.cancel_scope.cancel()
+    for upstream in upstreams:
+        await upstream.aclose()
+
+
+async def ignore_tokens(new: list[int]) -> None:
+    pass
+
+
+@pytest.mark.parametrize("how", ["disconnect", "streamed", "behind-a-proxy-that-keeps-it"])
 async def test_a_cancelled_generation_is_aborted_on_the_engine(
-    engine: VLLMEngine, checkpoint: Path, streamed: bool
+    engine: VLLMEngine, checkpoint: Path, how: str
 ) -> None:
     ids = prompt_ids(checkpoint)
     params = {"max_new_tokens": LONG_GENERATION, "temperature": 1.0, "ignore_eos": True}
@@ -117,36 +177,33 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
     finished_before = await metric(engine, "vllm:request_success_total")
     tokens_before = await metric(engine, "vllm:generation_tokens_total")
     prompts_before = await metric(engine, "vllm:prompt_tokens_total")
-    async with VLLMPolicy(engine.url, vocab_size=151669) as policy:
-        started = trio.Event()
+    async with contextlib.AsyncExitStack() as stack:
+        url = engine.url
+        if how == "behind-a-proxy-that-keeps-it":
+            # The engine's connection outlives the client's: only the explicit abort (by the
+            # engine's name for the request) can stop the generation.
+            url, upstreams = await stack.enter_async_context(
+                open_sticky_proxy(int(engine.url.rsplit(":", 1)[1]))
+            )
+        async with VLLMPolicy(url, vocab_size=151669) as policy:
 
-        async def on_tokens(new: list[int]) -> None:
-            started.set()
-
-        async def generate() -> None:
-            await policy.generate(ids, params)
-            raise AssertionError("the generation finished before the engine was seen running it")
-
-        async def watch_prefilled() -> None:
-            # A counter, not the running gauge: a scrape that is slow (the server is busy
-            # generating) still sees that the engine took the prompt, however late it answers.
-            await until(engine, "vllm:prompt_tokens_total", lambda n: n > prompts_before)
-            started.set()
-
-        with trio.fail_after(120):
-            async with trio.open_nursery() as nursery:
-                if streamed:
-                    nursery.start_soon(
-                        lambda: policy.generate_stream(ids, params, on_tokens=on_tokens)
-                    )
+            async def generate() -> None:
+                if how == "streamed":
+                    await policy.generate_stream(ids, params, on_tokens=ignore_tokens)
                 else:
+                    await policy.generate(ids, params)
+                raise AssertionError("the generation finished before the engine was seen on it")
+
+            with trio.fail_after(150):
+                async with trio.open_nursery() as nursery:
                     nursery.start_soon(generate)
-                    nursery.start_soon(watch_prefilled)
-                await started.wait()
-                nursery.cancel_scope.cancel()
-        assert policy.statistics().aborts == 1
-    with trio.fail_after(60):
-        await until(engine, "vllm:num_requests_running", lambda running: running == 0)
+                    await until_taken(engine, prompts_before)
+                    nursery.cancel_scope.cancel()
+            assert policy.statistics().aborts == 1
+        with trio.fail_after(60):
+            await until(engine, "vllm:num_requests_running", lambda running: running == 0)
+        if how == "behind-a-proxy-that-keeps-it":
+            assert upstreams  # the generation went through the proxy, which closed nothing
     assert await metric(engine, "vllm:num_requests_waiting") == 0
     assert await metric(engine, "vllm:request_success_total") == finished_before
     assert await metric(engine, "vllm:generation_tokens_total") - tokens_before < LONG_GENERATION

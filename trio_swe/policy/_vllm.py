@@ -60,6 +60,9 @@ _VLLM_FIELDS: Final = frozenset(
 
 #: Bound on the shielded abort sent when a generation is cancelled.
 ABORT_TIMEOUT_SEC = 5.0
+#: The generate route names its engine request ``generate-tokens-<request_id>`` (vLLM 0.32),
+#: and the abort route matches that name only: an abort by ``<request_id>`` alone is a no-op.
+_GENERATE_ID_PREFIX: Final = "generate-tokens-"
 #: A log-prob above this is not a log-probability (float32 rounding stays far below it).
 _LOGPROB_MAX = 1e-4
 
@@ -418,11 +421,13 @@ class VLLMPolicy(HttpPolicy):
         self._stats["aborts"] += 1
         if self.route != "generate":
             return
+        # Both names: the engine's, and ours for a server that keeps it.
+        ids = [_GENERATE_ID_PREFIX + rid, rid]
         with trio.CancelScope(shield=True), trio.move_on_after(ABORT_TIMEOUT_SEC):
             try:
                 await self._client.post(
                     f"{self.base_url}/inference/v1/abort_requests",
-                    content=msgspec.json.encode({"request_ids": [rid]}),
+                    content=msgspec.json.encode({"request_ids": ids}),
                     headers=self._headers,
                 )
             except httpx.HTTPError:
