@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from functools import partial
 from pathlib import Path
@@ -109,12 +109,27 @@ async def test_rollout_log_probs_are_what_the_weights_give_at_the_sampling_tempe
 LONG_GENERATION = 30_000
 
 
-async def until_taken(engine: VLLMEngine, prompts_before: float, within: float = 120) -> None:
-    """Until the engine has taken a request: its prompt counter grew (a slow scrape, the server
-    busy generating, still sees it however late it answers) or it runs one. Polled gently: a
-    scrape costs the engine's API server CPU. Fails naming what the scrapes saw."""
+async def until_taken(
+    engine: VLLMEngine, prompts_before: float, log_from: int, within: float = 120
+) -> None:
+    """Until the engine has taken a request: its log (from ``log_from``) says it added one, or
+    its metrics do (the prompt counter grew, or it runs one). The log is read first: a file,
+    it costs the engine nothing, while a scrape of a server busy generating takes seconds
+    under load, and ~80 s was seen (CI once saw nothing in 120 s). The metrics serve an engine
+    without a log. Fails naming what the scrapes saw."""
     seen: list[tuple[float, float, float]] = []
-    with trio.move_on_after(within):
+
+    async def from_log() -> None:
+        if not engine.log.is_file():
+            await trio.sleep_forever()
+        while True:
+            with engine.log.open("rb") as f:
+                f.seek(log_from)
+                if b"Added request " in f.read():
+                    return
+            await trio.sleep(0.1)
+
+    async def from_metrics() -> None:
         while True:
             prompts = await metric(engine, "vllm:prompt_tokens_total")
             running = await metric(engine, "vllm:num_requests_running")
@@ -122,11 +137,21 @@ async def until_taken(engine: VLLMEngine, prompts_before: float, within: float =
             seen.append((prompts - prompts_before, running, waiting))
             if prompts > prompts_before or running > 0:
                 return
-            await trio.sleep(0.2)
-    raise AssertionError(
-        f"the engine was not seen taking the request in {within:.0f} s; {len(seen)} scrapes, "
-        f"the last (new prompt tokens, running, waiting): {seen[-5:]}"
-    )
+            await trio.sleep(0.5)  # gently: a scrape costs the engine's API server CPU
+
+    async def first(watch: Callable[[], Awaitable[None]]) -> None:
+        await watch()
+        nursery.cancel_scope.cancel()
+
+    with trio.move_on_after(within) as waited:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(first, from_log)
+            nursery.start_soon(first, from_metrics)
+    if waited.cancelled_caught:
+        raise AssertionError(
+            f"the engine was not seen taking the request in {within:.0f} s; {len(seen)} "
+            f"scrapes, the last (new prompt tokens, running, waiting): {seen[-5:]}"
+        )
 
 
 @asynccontextmanager
@@ -177,6 +202,7 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
     finished_before = await metric(engine, "vllm:request_success_total")
     tokens_before = await metric(engine, "vllm:generation_tokens_total")
     prompts_before = await metric(engine, "vllm:prompt_tokens_total")
+    log_from = engine.log.stat().st_size if engine.log.is_file() else 0
     async with contextlib.AsyncExitStack() as stack:
         url = engine.url
         if how == "behind-a-proxy-that-keeps-it":
@@ -197,7 +223,7 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
             with trio.fail_after(150):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(generate)
-                    await until_taken(engine, prompts_before)
+                    await until_taken(engine, prompts_before, log_from)
                     nursery.cancel_scope.cancel()
             assert policy.statistics().aborts == 1
         with trio.fail_after(60):
