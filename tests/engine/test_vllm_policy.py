@@ -119,15 +119,14 @@ async def until_taken(
     without a log. Fails naming what the scrapes saw."""
     seen: list[tuple[float, float, float]] = []
 
-    async def from_log() -> None:
+    async def from_log(marker: bytes = b"Added request ") -> None:
         if not engine.log.is_file():
             await trio.sleep_forever()
-        while True:
-            with engine.log.open("rb") as f:
-                f.seek(log_from)
-                if b"Added request " in f.read():
-                    return
-            await trio.sleep(0.1)
+        with engine.log.open("rb") as f:
+            f.seek(log_from)
+            tail = b""  # a marker may straddle two reads: only what is new is read
+            while marker not in (tail := tail[-len(marker) :] + f.read()):  # noqa: ASYNC110
+                await trio.sleep(0.1)
 
     async def from_metrics() -> None:
         while True:
