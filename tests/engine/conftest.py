@@ -8,7 +8,9 @@ start is an error naming why, never a skip.
 
 from __future__ import annotations
 
+import faulthandler
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -57,25 +59,42 @@ def engine(checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 #: out): CI keeps no engine log, and a slow or stuck engine is only explained by it.
 LOG_TAIL_LINES = 80
 
+#: Every this many seconds of a test, every thread's stack is written down (by faulthandler's
+#: own thread, which needs neither the GIL nor the event loop); a failed test shows them. CI
+#: once saw a test make no progress for two minutes while the engine served on time: whether
+#: the test's loop was blocked, and where, is only told by such a sample.
+STACKS_EVERY_SEC = 30
+
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     engine = getattr(item, "funcargs", {}).get("engine")
     log = engine.log if isinstance(engine, VLLMEngine) and engine.log.is_file() else None
     start = log.stat().st_size if log else 0
-    try:
-        return (yield)
-    except BaseException:
-        if log is not None:
-            with log.open("rb") as f:
-                f.seek(start)
-                lines = f.read().decode(errors="replace").splitlines()
-            scrapes = sum("GET /metrics" in line for line in lines)
-            kept = [line for line in lines if "GET /metrics" not in line][-LOG_TAIL_LINES:]
-            item.add_report_section(
-                "call",
-                "engine log",
-                f"({scrapes} metrics scrapes left out; the last {len(kept)} other lines)\n"
-                + "\n".join(kept),
-            )
-        raise
+    with tempfile.TemporaryFile() as stacks:
+        faulthandler.dump_traceback_later(STACKS_EVERY_SEC, repeat=True, file=stacks)
+        try:
+            return (yield)
+        except BaseException:
+            if log is not None:
+                item.add_report_section("call", "engine log", _log_since(log, start))
+            faulthandler.cancel_dump_traceback_later()
+            stacks.seek(0)
+            if sampled := stacks.read().decode(errors="replace"):
+                item.add_report_section(
+                    "call", f"stacks every {STACKS_EVERY_SEC} s", sampled[-20_000:]
+                )
+            raise
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
+def _log_since(log: Path, start: int) -> str:
+    with log.open("rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    scrapes = sum("GET /metrics" in line for line in lines)
+    kept = [line for line in lines if "GET /metrics" not in line][-LOG_TAIL_LINES:]
+    return f"({scrapes} metrics scrapes left out; the last {len(kept)} other lines)\n" + "\n".join(
+        kept
+    )

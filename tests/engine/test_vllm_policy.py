@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
@@ -104,20 +106,48 @@ async def test_rollout_log_probs_are_what_the_weights_give_at_the_sampling_tempe
         assert off > 10 * RESCORE_TOLERANCE
 
 
-#: Long enough that no engine finishes it before a (slow, seconds under load) metrics scrape
-#: has seen it start: ~50 tokens/s here, so ~10 min; the test aborts it within seconds.
+#: Long enough that no engine finishes it before the test has seen it start: ~50 tokens/s
+#: here, so ~10 min; the test aborts it within seconds.
 LONG_GENERATION = 30_000
+
+#: Bound on seeing the engine take the request (it takes well under a second when all is
+#: well). CI twice saw nothing in 120 s while the engine's log showed the request added at once
+#: and its load reported every 10 s on time: the test itself made no progress. The bound is
+#: well past that, under :data:`LONG_GENERATION`'s run time, and a test that still fails
+#: says how long its loop went without a step.
+TAKEN_WITHIN_SEC = 300
+
+
+@dataclass
+class Watched:
+    """What :func:`until_taken` saw: for its report, and its failure message."""
+
+    by: str = ""
+    after: float = 0.0
+    log_reads: int = 0
+    #: The longest the loop took between two reads of the log (0.1 s asked): a loop that is
+    #: blocked, or a process that is not scheduled, shows here.
+    longest_gap: float = 0.0
+    scrapes: list[tuple[float, float, float]] = field(default_factory=list)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.log_reads} reads of the engine log, at most {self.longest_gap:.1f} s apart "
+            f"(0.1 s asked); {len(self.scrapes)} metrics scrapes, the last (new prompt tokens, "
+            f"running, waiting): {self.scrapes[-5:]}"
+        )
 
 
 async def until_taken(
-    engine: VLLMEngine, prompts_before: float, log_from: int, within: float = 120
-) -> None:
+    engine: VLLMEngine, prompts_before: float, log_from: int, within: float = TAKEN_WITHIN_SEC
+) -> Watched:
     """Until the engine has taken a request: its log (from ``log_from``) says it added one, or
     its metrics do (the prompt counter grew, or it runs one). The log is read first: a file,
     it costs the engine nothing, while a scrape of a server busy generating takes seconds
-    under load, and ~80 s was seen (CI once saw nothing in 120 s). The metrics serve an engine
-    without a log. Fails naming what the scrapes saw."""
-    seen: list[tuple[float, float, float]] = []
+    under load (~80 s was seen under stress-ng). The metrics serve an engine without a log.
+    Fails naming what each watch saw."""
+    watched = Watched()
+    start = time.monotonic()
 
     async def from_log(marker: bytes = b"Added request ") -> None:
         if not engine.log.is_file():
@@ -125,7 +155,15 @@ async def until_taken(
         with engine.log.open("rb") as f:
             f.seek(log_from)
             tail = b""  # a marker may straddle two reads: only what is new is read
-            while marker not in (tail := tail[-len(marker) :] + f.read()):  # noqa: ASYNC110
+            last = time.monotonic()
+            while True:
+                tail = tail[-len(marker) :] + f.read()
+                now = time.monotonic()
+                watched.log_reads += 1
+                watched.longest_gap = max(watched.longest_gap, now - last)
+                last = now
+                if marker in tail:
+                    return
                 await trio.sleep(0.1)
 
     async def from_metrics() -> None:
@@ -133,24 +171,25 @@ async def until_taken(
             prompts = await metric(engine, "vllm:prompt_tokens_total")
             running = await metric(engine, "vllm:num_requests_running")
             waiting = await metric(engine, "vllm:num_requests_waiting")
-            seen.append((prompts - prompts_before, running, waiting))
+            watched.scrapes.append((prompts - prompts_before, running, waiting))
             if prompts > prompts_before or running > 0:
                 return
             await trio.sleep(0.5)  # gently: a scrape costs the engine's API server CPU
 
-    async def first(watch: Callable[[], Awaitable[None]]) -> None:
+    async def first(name: str, watch: Callable[[], Awaitable[None]]) -> None:
         await watch()
+        watched.by, watched.after = name, time.monotonic() - start
         nursery.cancel_scope.cancel()
 
     with trio.move_on_after(within) as waited:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(first, from_log)
-            nursery.start_soon(first, from_metrics)
+            nursery.start_soon(first, "log", from_log)
+            nursery.start_soon(first, "metrics", from_metrics)
     if waited.cancelled_caught:
         raise AssertionError(
-            f"the engine was not seen taking the request in {within:.0f} s; {len(seen)} "
-            f"scrapes, the last (new prompt tokens, running, waiting): {seen[-5:]}"
+            f"the engine was not seen taking the request in {within:.0f} s; {watched}"
         )
+    return watched
 
 
 @asynccontextmanager
@@ -219,13 +258,14 @@ async def test_a_cancelled_generation_is_aborted_on_the_engine(
                     await policy.generate(ids, params)
                 raise AssertionError("the generation finished before the engine was seen on it")
 
-            with trio.fail_after(150):
+            with trio.fail_after(TAKEN_WITHIN_SEC + 30):
                 async with trio.open_nursery() as nursery:
                     nursery.start_soon(generate)
-                    await until_taken(engine, prompts_before, log_from)
+                    watched = await until_taken(engine, prompts_before, log_from)
                     nursery.cancel_scope.cancel()
+            print(f"taken: seen by the {watched.by} after {watched.after:.1f} s; {watched}")
             assert policy.statistics().aborts == 1
-        with trio.fail_after(60):
+        with trio.fail_after(180):  # a scrape of a loaded engine can take a minute
             await until(engine, "vllm:num_requests_running", lambda running: running == 0)
         if how == "behind-a-proxy-that-keeps-it":
             assert upstreams  # the generation went through the proxy, which closed nothing
