@@ -68,7 +68,8 @@ def engine(session: nox.Session) -> None:
     skips, when the engine's environment is missing or the engine does not start."""
     session.run("bash", "scripts/engine-env", external=True)
     session.run(PYTHON, "-m", "trio_swe.agents.install", "all")
-    args = session.posargs or ["-q", "-n", "0", "-p", "no:randomly", "-rA"]
+    # Each test's time in CI's output: a slow engine or a stalled test shows which.
+    args = session.posargs or ["-q", "-n", "0", "-p", "no:randomly", "-rA", "--durations=30"]
     session.run(PYTHON, "-m", "pytest", "tests/engine", *args, env={"TRIO_SWE_ENGINE": "1"})
 
 
