@@ -168,8 +168,60 @@ async def test_a_big_history_resent_with_a_small_delta_leaves_the_heap_alone() -
     assert min(sizes) >= BIG_REQUEST_BYTES
     assert stats.rendered_tokens >= BIG_RENDER_TOKENS  # the first prompt, whole
     assert stats.delta_tokens < 100  # then a small delta
-    # Read once the server has ended: every request's handler (and its trim) is done.
-    assert gw.statistics().heap_trims == 1
+    # Read once the server has ended: every request's handler (and its trims) is done. The
+    # first request trims before and after building its prompt; the second, none.
+    assert gw.statistics().heap_trims == 2
+
+
+class _TrimsAtCall:
+    """The real policy, noting the gateway's heap trims at each call."""
+
+    def __init__(self, policy: Any) -> None:
+        self.policy = policy
+        self.gateway: Gateway | None = None
+        self.trims_at_call: list[int] = []
+
+    async def generate(self, input_ids: Any, sampling_params: Any, **kwargs: Any) -> Any:
+        assert self.gateway is not None
+        self.trims_at_call.append(self.gateway.statistics().heap_trims)
+        return await self.policy.generate(input_ids, sampling_params, **kwargs)
+
+
+async def test_a_big_prompts_transient_memory_is_given_back_before_the_policy_call() -> None:
+    # The policy may take minutes: the body, its decoding, the rendered prompt and the
+    # tokenizer's memory are freed by then, and are handed back before the call, not after.
+    big = TASK + "\n" + "word " * (BIG_RENDER_TOKENS + 1000)
+    async with scripted_policy({"http-1": ["It is fine."] * 10}) as (_, policy):
+        spy = _TrimsAtCall(policy)
+        async with (
+            open_gateway(spy, WatchedTokenizer()) as gw,
+            httpx.AsyncClient(base_url=str(gw.url), timeout=300) as client,
+        ):
+            spy.gateway = gw
+            _, auth, messages = open_conversation(gw, "ep-big", big)
+            body = json.dumps(chat_body(messages)).encode()
+            assert len(body) >= BIG_REQUEST_BYTES
+            r = await client.post(
+                "/v1/chat/completions",
+                content=body,
+                headers={**auth, "content-type": "application/json"},
+            )
+            assert r.status_code == 200, r.text
+            # A small prompt: no trim, before or after.
+            small = json.dumps(chat_body([{"role": "user", "content": TASK}])).encode()
+            other = gw.open_session("ep-small")
+            r = await client.post(
+                "/v1/chat/completions",
+                content=small,
+                headers={
+                    "authorization": f"Bearer {other.api_key}",
+                    "content-type": "application/json",
+                },
+            )
+            assert r.status_code == 200, r.text
+    # Before the build (the body and its decoding) and after it (the rendering), none after.
+    assert spy.trims_at_call == [2, 2]
+    assert gw.statistics().heap_trims == 2
 
 
 async def test_a_small_request_is_served_while_big_ones_of_other_sessions_tokenize() -> None:

@@ -68,7 +68,8 @@ DEFAULT_MAX_PROMPT_TOKENS = 1 << 20
 #: threads, so small requests of other sessions always find one.
 BIG_REQUEST_BYTES = 256 * 1024
 #: A request that rendered at least this many tokens (or failed before it knew, with a body of
-#: ``BIG_REQUEST_BYTES`` or more) hands the heap's free memory back to the system once done.
+#: ``BIG_REQUEST_BYTES`` or more) hands the heap's free memory back to the system: once its
+#: prompt is built (before the policy call), or once done.
 #: A long history resent whole is a big body that renders a few hundred new tokens: its
 #: transient memory is small, and a trim per request would cost it ~0.3 ms for nothing.
 BIG_RENDER_TOKENS = BIG_REQUEST_BYTES // 4
@@ -89,9 +90,11 @@ class GatewayStatistics(msgspec.Struct, frozen=True, kw_only=True):
         chat_models_cached: chat models in the cache now.
         chat_models_cached_bytes: the JSON bytes of their tool lists (``tool_cache_bytes``
             bounds it).
-        heap_trims: requests after which the heap's free memory went back to the system (a
-            body of ``BIG_REQUEST_BYTES`` or more that rendered ``BIG_RENDER_TOKENS`` or more,
-            or failed before it knew).
+        heap_trims: times the heap's free memory went back to the system for a request
+            with a body of ``BIG_REQUEST_BYTES`` or more: before its prompt is built when its
+            new messages hold that much text, after it when it rendered
+            ``BIG_RENDER_TOKENS`` or more (before the policy call), or once done when it
+            failed before it knew.
     """
 
     requests: int
@@ -353,14 +356,15 @@ class Gateway:
             try:
                 await exchange.handle()
             finally:
-                if exchange.size >= BIG_REQUEST_BYTES and (
-                    exchange.rendered is None or exchange.rendered >= BIG_RENDER_TOKENS
+                if (
+                    not exchange.trimmed
+                    and exchange.size >= BIG_REQUEST_BYTES
+                    and (exchange.rendered is None or exchange.rendered >= BIG_RENDER_TOKENS)
                 ):
-                    # Its transient memory (tokenizer encodings, the rendered text) is free
-                    # now: hand it back to the system (a thread: ctypes drops the GIL).
-                    self._stats["heap_trims"] += 1
+                    # Refused or failed before its prompt was built: what it parsed and
+                    # tokenized is free now.
                     with trio.CancelScope(shield=True):
-                        await trio.to_thread.run_sync(trim_memory)
+                        await exchange.trim()
         except ApiError as exc:
             await exchange.error(exc)
         except _ClientGone:
@@ -414,6 +418,8 @@ class _Exchange:
         self.size = 0
         #: Tokens rendered for the request, once its prompt is built.
         self.rendered: int | None = None
+        #: Whether the heap was trimmed for it (see :meth:`trim`).
+        self.trimmed = False
         #: Ends a started stream with an error event (set once a stream started).
         self.stream_error: Callable[[str, str], bytes] | None = None
 
@@ -458,6 +464,14 @@ class _Exchange:
         await self.json(exc.status, body)
 
     # -- requests ---------------------------------------------------------------------------
+
+    async def trim(self) -> None:
+        """Hand the heap's free memory back to the system (in a thread: ctypes drops the GIL):
+        a big request's transient copies (the body, its decoded text, the rendered prompt, the
+        tokenizer's working memory) are freed by then but stay in the threads' heaps."""
+        await trio.to_thread.run_sync(trim_memory)
+        self.trimmed = True
+        self.gw._stats["heap_trims"] += 1
 
     async def read_body(self) -> bytearray:
         # One buffer the chunks are copied into (not a list joined at the end: a second copy
@@ -576,9 +590,18 @@ class _Exchange:
         # Matching on this thread; rendering and tokenizing the new messages in a worker.
         size = len(body)
         del body  # parsed: the bytes need not live through the policy call
-        pending = await self.gw.tokenize(handle, size, session.build, session.place(conv))
+        placement = session.place(conv)
+        if size >= BIG_REQUEST_BYTES and _new_text(conv, placement.matched) >= BIG_REQUEST_BYTES:
+            # The body and its decoder's scratch are free, in this thread's heap, which the
+            # tokenizing thread does not build from: not held while the prompt is built.
+            await self.trim()
+        pending = await self.gw.tokenize(handle, size, session.build, placement)
         session.count(pending)
         self.rendered = pending.rendered_tokens + pending.delta_tokens
+        if size >= BIG_REQUEST_BYTES and self.rendered >= BIG_RENDER_TOKENS:
+            # Before the policy call, which may take minutes: the rendered text and the
+            # tokenizer's memory are not held while the reply is generated.
+            await self.trim()
         if pending.overflow:
             session.record_overflow(pending)
             n, limit = pending.overflow_tokens, session.context_limit
@@ -804,6 +827,12 @@ def _libc() -> Any:
         return libc
     except (OSError, AttributeError):
         return None
+
+
+def _new_text(conv: Conversation, matched: int) -> int:
+    """Characters of text in ``conv``'s messages past the ``matched`` ones (a floor of what
+    its prompt's build renders anew)."""
+    return sum(len(m.content) for m in conv.messages[matched:])
 
 
 async def _serve(
