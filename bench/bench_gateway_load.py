@@ -15,7 +15,8 @@ httpx client playing CLI agents here (request bodies are encoded before the cloc
   rendering, tokenizing; the policy client's encoding of the prompt, the direct call's
   ``direct +MB``, comes on top), what the session holds in bytes (its messages' text, the turn
   records' and histories' token buffers) and the RSS left once the session is finished and
-  dropped. Also with ``max_context_tokens`` 32,768: a body over it is refused early.
+  dropped. Also with ``max_context_tokens`` 32,768: a body over it is refused early. Each
+  round starts from a trimmed heap; small bodies are also measured in a warm process.
 * *History length* (1 -> ``BENCH_GATEWAY_LOAD_TURNS`` turns, default 200): one session whose
   client sends, each turn, a ~1 KB tool result and a ~100-byte user reminder (as Claude Code
   does), the history resent whole; CPU per request at turn k (median of the turns around k),
@@ -259,6 +260,24 @@ async def _body_sizes(url: str, tok: Any, direct: SGLangPolicy) -> None:
                     f"{before / 1e6:13.1f} {d_peak / 1e6:11.1f} "
                     f"{held / 1e6:8.2f} {ratio} {ratio_before} {left / 1e6:8.1f}"
                 )
+        # After the trim before each round above, any request that renders re-touches the
+        # tokenizer's and the template's working memory (~1 MB): a floor, not growth. A warm
+        # process (no trim before) shows what a small request itself adds.
+        rounds = max(ROUNDS, 5)
+        warm = []
+        for size in (2_000, 32_000):
+            growths = []
+            for _ in range(rounds):
+                handle = gw.open_session("b")
+                body = _message_body(size)
+                headers = {"x-api-key": handle.api_key, "content-type": "application/json"}
+                gc.collect()
+                with _Peak() as peak:
+                    await client.post("/v1/messages", content=body, headers=headers)
+                growths.append(peak.growth)
+                handle.finish()
+            warm.append(f"{size:,d} +{statistics.median(growths) / 1e6:.2f} MB")
+        print(f"small bodies in a warm process (no trim before; medians of {rounds}):", *warm)
 
 
 class _ThreadClient:
