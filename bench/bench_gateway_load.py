@@ -264,7 +264,7 @@ async def _body_sizes(url: str, tok: Any, direct: SGLangPolicy) -> None:
         # tokenizer's and the template's working memory (~1 MB): a floor, not growth. A warm
         # process (no trim before) shows what a small request itself adds.
         rounds = max(ROUNDS, 5)
-        warm = []
+        warm_rows: list[str] = []
         for size in (2_000, 32_000):
             growths = []
             for _ in range(rounds):
@@ -276,8 +276,8 @@ async def _body_sizes(url: str, tok: Any, direct: SGLangPolicy) -> None:
                     await client.post("/v1/messages", content=body, headers=headers)
                 growths.append(peak.growth)
                 handle.finish()
-            warm.append(f"{size:,d} +{statistics.median(growths) / 1e6:.2f} MB")
-        print(f"small bodies in a warm process (no trim before; medians of {rounds}):", *warm)
+            warm_rows.append(f"{size:,d} +{statistics.median(growths) / 1e6:.2f} MB")
+        print(f"small bodies in a warm process (no trim before; medians of {rounds}):", *warm_rows)
 
 
 class _ThreadClient:
