@@ -356,13 +356,13 @@ class Gateway:
             try:
                 await exchange.handle()
             finally:
-                if (
-                    not exchange.trimmed
-                    and exchange.size >= BIG_REQUEST_BYTES
-                    and (exchange.rendered is None or exchange.rendered >= BIG_RENDER_TOKENS)
+                if exchange.size >= BIG_REQUEST_BYTES and (
+                    exchange.rendered is None
+                    or (exchange.rendered >= BIG_RENDER_TOKENS and not exchange.trimmed_built)
                 ):
-                    # Refused or failed before its prompt was built: what it parsed and
-                    # tokenized is free now.
+                    # Failed before its prompt was built, or ended before the trim after the
+                    # build (a trim before the build does not cover what the build made): what
+                    # it parsed and tokenized is free now.
                     with trio.CancelScope(shield=True):
                         await exchange.trim()
         except ApiError as exc:
@@ -418,8 +418,8 @@ class _Exchange:
         self.size = 0
         #: Tokens rendered for the request, once its prompt is built.
         self.rendered: int | None = None
-        #: Whether the heap was trimmed for it (see :meth:`trim`).
-        self.trimmed = False
+        #: Whether the heap was trimmed once its prompt was built (see :meth:`trim`).
+        self.trimmed_built = False
         #: Ends a started stream with an error event (set once a stream started).
         self.stream_error: Callable[[str, str], bytes] | None = None
 
@@ -470,7 +470,6 @@ class _Exchange:
         a big request's transient copies (the body, its decoded text, the rendered prompt, the
         tokenizer's working memory) are freed by then but stay in the threads' heaps."""
         await trio.to_thread.run_sync(trim_memory)
-        self.trimmed = True
         self.gw._stats["heap_trims"] += 1
 
     async def read_body(self) -> bytearray:
@@ -602,6 +601,7 @@ class _Exchange:
             # Before the policy call, which may take minutes: the rendered text and the
             # tokenizer's memory are not held while the reply is generated.
             await self.trim()
+            self.trimmed_built = True
         if pending.overflow:
             session.record_overflow(pending)
             n, limit = pending.overflow_tokens, session.context_limit
